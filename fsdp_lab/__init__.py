@@ -1,0 +1,1 @@
+"""fsdp_lab: a Hydra-configured laboratory for sharded training in PyTorch."""

@@ -1,0 +1,4 @@
+from fsdp_lab.run import main
+
+if __name__ == "__main__":
+    main()

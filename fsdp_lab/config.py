@@ -1,0 +1,269 @@
+"""Typed schema of a run. Hydra composes `conf/` onto these dataclasses, so a misspelled key or a
+wrong type fails at composition; `validate` then checks what types cannot express, before any rank
+starts. Every field carries its documentation as the docstring below it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A user's mistake in the configuration; printed as one line, exit code 2."""
+
+
+def choice(default: Optional[str], *allowed: str):
+    """A string field limited to `allowed` (OmegaConf cannot check `Literal`; `check_choices` does)."""
+    return field(default=default, metadata={"allowed": allowed})
+
+
+def check_choices(node: Any, path: str = "") -> None:
+    """Raise ConfigError for the first choice field whose value is not allowed."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        key = f"{path}{f.name}"
+        allowed = f.metadata.get("allowed")
+        if allowed and value is not None and value not in allowed:
+            raise ConfigError(f"{key}={value}: allowed are {', '.join(allowed)}")
+        if is_dataclass(value):
+            check_choices(value, f"{key}.")
+
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+@dataclass
+class ModelConfig:
+    name: str = choice("transformer", "mlp", "mlp_stack", "transformer", "convnet")
+    """Model family, one file each in fsdp_lab/models/."""
+    dim: int = 64
+    """Width: transformer model dim, MLP in/out features, convnet channels."""
+    n_layers: int = 2
+    """Transformer blocks, MLPs in mlp_stack, conv blocks in convnet."""
+    n_heads: int = 4
+    """Attention heads (transformer)."""
+    ffn_dim: int = 128
+    """Hidden size of the SwiGLU MLP (transformer) or of each MLP (mlp, mlp_stack); odd sizes allowed."""
+    vocab_size: int = 256
+    """Token vocabulary (transformer) or number of classes (convnet)."""
+    tie_embeddings: bool = False
+    """Share the token embedding with the output projection (transformer)."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon (transformer)."""
+    image_size: int = 16
+    """Square input side in pixels (convnet)."""
+    compile: bool = False
+    """torch.compile each block before sharding."""
+    freeze: Optional[str] = None
+    """Regex over parameter names; matching parameters get requires_grad=False (fine-tuning)."""
+
+
+@dataclass
+class MeshConfig:
+    pp: int = 1
+    """Pipeline-parallel degree."""
+    dp_replicate: int = 1
+    """Replicas of the data-parallel group (HSDP's outer dimension, DDP's degree)."""
+    dp_shard: int = -1
+    """Shards within a replica (FSDP's degree); -1 takes what the world size leaves."""
+    tp: int = 1
+    """Tensor-parallel degree."""
+    engine: str = choice("fsdp2", "fsdp2", "fsdp1", "ddp")
+    """fsdp2 = fully_shard, fsdp1 = FullyShardedDataParallel, ddp = DistributedDataParallel."""
+    world_size: Optional[int] = None
+    """Ranks to spawn when dp_shard=-1; null = one per GPU, or 2 on CPU."""
+
+
+@dataclass
+class FSDPConfig:
+    reshard_after_forward: Any = True
+    """true: free unsharded params after forward; false: keep them for backward; int: reshard to that
+    smaller group size (must divide the shard group)."""
+    param_dtype: Optional[str] = choice(None, *DTYPES)
+    """Mixed-precision dtype for compute (all-gathered params); null = the parameters' dtype."""
+    reduce_dtype: Optional[str] = choice(None, *DTYPES)
+    """Dtype of gradient reduction; null = param_dtype."""
+    cpu_offload: bool = False
+    """Keep sharded params, grads and optimizer step on CPU (CPUOffloadPolicy)."""
+    forward_prefetch: int = 0
+    """Blocks to all-gather ahead in forward (explicit prefetch); 0 = FSDP's implicit prefetch."""
+    backward_prefetch: int = 0
+    """Blocks to all-gather ahead in backward (explicit prefetch); 0 = FSDP's implicit prefetch."""
+
+
+@dataclass
+class WrapConfig:
+    policy: str = choice("block", "block", "linear", "root", "size", "classes")
+    """Which modules get their own FSDP unit; the root is always wrapped."""
+    min_params: int = 100_000
+    """For policy=size: smallest module (in parameters) that gets its own unit."""
+    classes: list[str] = field(default_factory=list)
+    """For policy=classes: module class names that get their own unit."""
+
+
+@dataclass
+class ACConfig:
+    mode: str = choice("none", "none", "full", "selective", "offload")
+    """Activation checkpointing: none, every block, every k-th block, or activations offloaded to CPU."""
+    impl: str = choice("composable", "composable", "utils", "wrapper")
+    """checkpoint() from _composable, torch.utils.checkpoint, or checkpoint_wrapper."""
+    every: int = 2
+    """For mode=selective: checkpoint every k-th block."""
+    reentrant: bool = False
+    """For impl=utils/wrapper: the reentrant variant of torch.utils.checkpoint."""
+
+
+@dataclass
+class CheckpointConfig:
+    kind: str = choice("none", "none", "dcp")
+    """none, or torch.distributed.checkpoint of model + optimizer + step."""
+    interval: int = 10
+    """Save every this many optimizer steps (and at the end)."""
+    keep: int = 2
+    """Complete checkpoints kept; older ones are deleted."""
+    resume: Optional[str] = None
+    """null = start fresh; auto = newest complete checkpoint of this run dir; or a checkpoint PATH."""
+    async_save: bool = False
+    """Save with dcp.async_save, overlapping the write with training."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = choice("adamw", "adam", "adamw", "sgd")
+    """Optimizer. SGD with momentum exposes gradient-averaging bugs that Adam's scale invariance hides."""
+    lr: float = 1e-3
+    """Learning rate."""
+    weight_decay: float = 0.0
+    """Weight decay."""
+    momentum: float = 0.9
+    """Momentum (sgd)."""
+    foreach: Optional[bool] = None
+    """Multi-tensor implementation; null = torch's default."""
+
+
+@dataclass
+class ParityProbeConfig:
+    enabled: bool = True
+    """Train a DDP reference on the same data and compare every step."""
+    strict: bool = False
+    """Fail the run when parity drifts past tolerance."""
+    param_every: int = 5
+    """Compare parameters (local shards vs the reference) every this many steps, and at the end."""
+
+
+@dataclass
+class MemoryProbeConfig:
+    enabled: bool = True
+    """Record memory at each phase of every step."""
+    tracker: str = choice("none", "none", "module")
+    """module: a per-module breakdown of one step by torch's (FSDP)MemTracker."""
+
+
+@dataclass
+class PerfProbeConfig:
+    enabled: bool = True
+    """Record step time, tokens/s and (GPU) MFU."""
+    warmup_steps: int = 2
+    """Steps left out of the summary's step time."""
+
+
+@dataclass
+class ProbesConfig:
+    parity: ParityProbeConfig = field(default_factory=ParityProbeConfig)
+    memory: MemoryProbeConfig = field(default_factory=MemoryProbeConfig)
+    perf: PerfProbeConfig = field(default_factory=PerfProbeConfig)
+
+
+@dataclass
+class LoggerConfig:
+    kind: str = choice("wandb", "none", "wandb")
+    """Where metrics go besides metrics.jsonl."""
+    mode: Optional[str] = choice(None, "online", "offline", "disabled")
+    """W&B mode; null = online when a W&B login is configured, else offline."""
+    project: str = "fsdp_lab"
+    """W&B project."""
+    entity: Optional[str] = None
+    """W&B entity (team or user)."""
+    group: Optional[str] = None
+    """W&B group; null = the sweep's name in multirun."""
+    tags: list[str] = field(default_factory=list)
+    """W&B tags."""
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 20
+    """Optimizer steps."""
+    batch_size: int = 4
+    """Samples per data-parallel rank per optimizer step."""
+    microbatches: int = 1
+    """Forward/backward passes per optimizer step; must divide batch_size."""
+    seq_len: int = 32
+    """Tokens per sample (transformer); features per sample for MLPs are model.dim."""
+    seed: int = 0
+    """Seeds the weights (same on every rank) and the data (per step and data-parallel rank)."""
+
+
+@dataclass
+class LaunchConfig:
+    max_restarts: int = 0
+    """torch elastic restarts of a failed rank group (local spawning)."""
+    timeout_s: int = 300
+    """Collective timeout: a hang ends the run with the stuck collective named instead of forever."""
+
+
+@dataclass
+class FaultConfig:
+    kill_rank: Optional[int] = None
+    """Rank that dies at fault.at_step (for testing recovery)."""
+    at_step: Optional[int] = None
+    """Step at which fault.kill_rank dies."""
+    kind: str = choice("kill", "kill", "raise")
+    """kill = SIGKILL (a hard crash), raise = an exception in the rank."""
+
+
+@dataclass
+class RunConfig:
+    """The root of a run's configuration (conf/config.yaml composes onto it)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    wrap: WrapConfig = field(default_factory=WrapConfig)
+    ac: ACConfig = field(default_factory=ACConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    probes: ProbesConfig = field(default_factory=ProbesConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    device: str = choice("auto", "auto", "cpu", "cuda")
+    """auto = CUDA + NCCL when GPUs are visible, else CPU + gloo."""
+    mode: str = choice("train", "train", "estimate")
+    """train = a real run; estimate = predict memory on a fake process group, one process."""
+    name: str = "run"
+    """A label for the run (W&B name, report rows)."""
+
+
+def register_schema() -> None:
+    """Make `run_schema` available to conf/config.yaml's defaults list."""
+    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """The composed DictConfig as a typed RunConfig, every interpolation resolved.
+
+    Merging onto the schema again catches keys that Hydra lets through with `+key=` overrides."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain.pop("hydra", None)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), plain)
+    except Exception as e:  # omegaconf's errors span lines; the first names the key and value
+        raise ConfigError(str(e).splitlines()[0]) from None
+    run = OmegaConf.to_object(merged)
+    check_choices(run)
+    return run

@@ -1,0 +1,73 @@
+"""Process group, device and backend choice, determinism."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from fsdp_lab.config import ConfigError
+
+RANK_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def is_rank_process() -> bool:
+    """True when a launcher (torchrun, torch elastic, srun setup) already made this process a rank."""
+    return all(k in os.environ for k in RANK_ENV_KEYS)
+
+
+def resolve_device_type(device: str) -> str:
+    """`auto` -> cuda when GPUs are visible, else cpu; `cuda` without GPUs is a user error."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda: no CUDA GPU is visible to this process; allowed here: auto, cpu")
+    return device
+
+
+def default_world_size(device_type: str) -> int:
+    """One rank per GPU; two on CPU, the smallest world that shards."""
+    return torch.cuda.device_count() if device_type == "cuda" else 2
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_type: str, timeout_s: int) -> DistContext:
+    """Join the process group of the ranks the launcher started (env:// rendezvous)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if device_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            timeout=timedelta(seconds=timeout_s),
+            device_id=device if device_type == "cuda" else None,
+        )
+    return DistContext(rank=rank, local_rank=local_rank, world_size=world, device=device)
+
+
+def set_determinism(seed: int) -> None:
+    """Same seed on every rank so model init is identical; deterministic kernels where they exist."""
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

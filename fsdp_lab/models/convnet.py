@@ -1,0 +1,50 @@
+"""The conv/batch-norm model of PyTorch's FSDP memory test: a stem, `n_layers` conv-BN-ReLU blocks,
+global pooling and a linear classifier."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fsdp_lab.config import ModelConfig
+
+
+class ConvNet(nn.Module):
+    def __init__(self, channels: int, n_layers: int, n_classes: int, image_size: int):
+        super().__init__()
+        self.image_size = image_size
+        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU())
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU())
+            for _ in range(n_layers)
+        )
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, n_classes))
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> ConvNet:
+        return cls(cfg.dim, cfg.n_layers, cfg.vocab_size, cfg.image_size)
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return list(self.layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+    def synthetic_batch(self, generator: torch.Generator, batch_size: int, seq_len: int):
+        side = self.image_size
+        inputs = torch.randn(batch_size, 3, side, side, generator=generator)
+        n_classes = self.head[-1].out_features
+        return inputs, torch.randint(0, n_classes, (batch_size,), generator=generator)
+
+    def tokens_per_sample(self, seq_len: int) -> int:
+        return 1
+
+    def flops_per_token(self, seq_len: int) -> float:
+        # Each conv weight is applied at every pixel: 2 FLOPs per MAC, x3 for forward + backward.
+        pixels = self.image_size**2
+        conv = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Conv2d))
+        return 6.0 * (conv * pixels + self.head[-1].weight.numel())

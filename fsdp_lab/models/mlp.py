@@ -1,0 +1,64 @@
+"""The MLPs of PyTorch's FSDP tests: `MLP` (in_proj -> relu -> out_proj) and `MLPStack`, a stack of
+them; odd sizes are allowed, which exercises FSDP's padding of uneven shards."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from fsdp_lab.config import ModelConfig
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.in_proj = nn.Linear(dim, hidden)
+        self.out_proj = nn.Linear(hidden, dim)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> MLP:
+        return cls(cfg.dim, cfg.ffn_dim)
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(F.relu(self.in_proj(x)))
+
+    def synthetic_batch(self, generator: torch.Generator, batch_size: int, seq_len: int):
+        dim = self.in_proj.in_features
+        inputs = torch.randn(batch_size, dim, generator=generator)
+        return inputs, torch.randint(0, dim, (batch_size,), generator=generator)
+
+    def tokens_per_sample(self, seq_len: int) -> int:
+        return 1
+
+    def flops_per_token(self, seq_len: int) -> float:
+        return 6.0 * sum(p.numel() for p in self.parameters())
+
+
+class MLPStack(MLP):
+    """`n_layers` MLPs in sequence; each is a block."""
+
+    def __init__(self, dim: int, hidden: int, n_layers: int):
+        nn.Module.__init__(self)
+        self.layers = nn.ModuleList(MLP(dim, hidden) for _ in range(n_layers))
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> MLPStack:
+        return cls(cfg.dim, cfg.ffn_dim, cfg.n_layers)
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return list(self.layers)
+
+    @property
+    def in_proj(self) -> nn.Linear:
+        return self.layers[0].in_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x

@@ -1,0 +1,116 @@
+"""A Llama-style decoder: RMSNorm, rotary attention with scaled_dot_product_attention, SwiGLU MLP,
+optional tied embeddings. Sizes go from tiny (tests) to ~1B (benchmarks).
+
+Heads are reshaped with -1 so tensor parallelism, which leaves each rank a slice of the heads,
+needs no change here."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from fsdp_lab.config import ModelConfig
+
+
+def rotary_cos_sin(seq_len: int, head_dim: int, device: torch.device, base: float = 10000.0):
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (batch, heads, seq, head_dim); rotate pairs (even, odd) of the last dimension.
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_heads: int):
+        super().__init__()
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, dim, bias=False)
+        self.wv = nn.Linear(dim, dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        bsz, seq, _ = x.shape
+        q, k, v = (w(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim: int, n_heads: int, ffn_dim: int, norm_eps: float):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(dim, eps=norm_eps)
+        self.attention = Attention(dim, n_heads)
+        self.ffn_norm = nn.RMSNorm(dim, eps=norm_eps)
+        self.feed_forward = FeedForward(dim, ffn_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.dim % cfg.n_heads:
+            raise ValueError(f"model.dim={cfg.dim} is not divisible by model.n_heads={cfg.n_heads}")
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.dim // cfg.n_heads
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(
+            TransformerBlock(cfg.dim, cfg.n_heads, cfg.ffn_dim, cfg.norm_eps) for _ in range(cfg.n_layers)
+        )
+        self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> Transformer:
+        return cls(cfg)
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return list(self.layers)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        cos, sin = rotary_cos_sin(tokens.shape[1], self.head_dim, tokens.device)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.output(self.norm(h))
+
+    def synthetic_batch(self, generator: torch.Generator, batch_size: int, seq_len: int):
+        vocab = self.tok_embeddings.num_embeddings
+        tokens = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=generator)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def tokens_per_sample(self, seq_len: int) -> int:
+        return seq_len
+
+    def flops_per_token(self, seq_len: int) -> float:
+        # 6N for the matmuls of forward + backward (embedding lookups excluded), plus attention's
+        # scores and weighted sum: 12 * layers * dim * seq (PaLM appendix B).
+        n = sum(p.numel() for p in self.parameters()) - self.tok_embeddings.weight.numel()
+        if self.output.weight is self.tok_embeddings.weight:
+            n += self.output.weight.numel()
+        dim = self.head_dim * self.n_heads
+        return 6.0 * n + 12.0 * len(self.layers) * dim * seq_len

@@ -1,0 +1,28 @@
+"""The orchestrator: parallelize a model in a fixed order — TP, activation checkpointing, compile,
+then data parallelism (FSDP2 or DDP) — each step guarded by the mesh or config and logging one line."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from fsdp_lab.config import RunConfig
+from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.parallel.ddp import apply_ddp
+from fsdp_lab.parallel.fsdp2 import apply_fsdp2
+from fsdp_lab.parallel.wrap import wrap_units
+
+log = logging.getLogger(__name__)
+
+
+def parallelize(model: nn.Module, dims: ParallelDims, mesh, dp_mesh, run: RunConfig, device: torch.device) -> nn.Module:
+    if run.model.compile:
+        for block in model.blocks:
+            block.compile()
+        log.info("compile: %d blocks", len(model.blocks))
+    if run.mesh.engine == "ddp":
+        return apply_ddp(model, dp_mesh, device)
+    units = wrap_units(model, run.wrap)
+    return apply_fsdp2(model, mesh[dims.fsdp_dim_names], units, run.fsdp)

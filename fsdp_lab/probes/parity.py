@@ -1,0 +1,73 @@
+"""Numerical parity against a DDP reference, the way PyTorch's FSDP tests check it: the reference is
+a deep copy taken before sharding, trained on the same per-rank data with gradients averaged over
+the same data-parallel group; each step's losses are compared, and every few steps the local shards
+of the parameters are compared with the matching slice of the reference (no all-gather)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+# Loss and parameter tolerances by compute dtype: fp32 differs only by reduction order.
+TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+
+
+@dataclass
+class ParityVerdict:
+    tolerance: float
+    reference: str
+    max_loss_abs_diff: float = 0.0
+    max_param_abs_diff: float = 0.0
+
+    def update_loss(self, diff: float) -> None:
+        self.max_loss_abs_diff = max(self.max_loss_abs_diff, diff)
+
+    def update_params(self, diff: float) -> None:
+        self.max_param_abs_diff = max(self.max_param_abs_diff, diff)
+
+    @property
+    def ok(self) -> bool:
+        return self.max_loss_abs_diff <= self.tolerance and self.max_param_abs_diff <= self.tolerance
+
+    def as_summary(self) -> dict:
+        return {
+            "enabled": True,
+            "ok": self.ok,
+            "reference": self.reference,
+            "tolerance": self.tolerance,
+            "max_loss_abs_diff": self.max_loss_abs_diff,
+            "max_param_abs_diff": self.max_param_abs_diff,
+        }
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The user's module inside a DDP or FSDP1 wrapper (FSDP2 modifies the module in place)."""
+    return getattr(module, "module", module)
+
+
+@torch.no_grad()
+def max_param_abs_diff(model: nn.Module, reference: nn.Module) -> float:
+    """Largest |local shard - reference slice| over all parameters and all ranks."""
+    ref_params = dict(unwrap(reference).named_parameters())
+    worst = torch.zeros((), dtype=torch.float64)
+    for name, param in unwrap(model).named_parameters():
+        expected = ref_params[name].detach()
+        if isinstance(param, DTensor):
+            # Every rank holds the full reference, so each slices locally (src_data_rank=None).
+            expected = distribute_tensor(expected, param.device_mesh, param.placements, src_data_rank=None)
+            local, expected = param.to_local(), expected.to_local()
+        else:
+            local = param
+        if local.numel():
+            diff = (local.detach().double().cpu() - expected.double().cpu()).abs().max()
+            worst = torch.maximum(worst, diff)
+    if dist.is_initialized():
+        # gloo and nccl both reduce float64 on the device the group uses.
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        worst = worst.to(device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst)

@@ -1,0 +1,42 @@
+"""Throughput: step time, tokens/s per device and, on GPUs with a known peak, MFU."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+# Dense bf16 tensor-core peak in FLOP/s, by a substring of the device name.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
+
+
+def device_peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+class Throughput:
+    def __init__(self, *, tokens_per_step: int, world_size: int, flops_per_token: float, device: torch.device, warmup_steps: int):
+        self.tokens_per_device = tokens_per_step / world_size
+        self.flops_per_token = flops_per_token
+        self.peak = device_peak_flops(device)
+        self.warmup_steps = warmup_steps
+        self.step_times: list[float] = []
+
+    def metrics(self, step_time_s: float) -> dict[str, float | None]:
+        self.step_times.append(step_time_s)
+        return self._figures(step_time_s)
+
+    def _figures(self, step_time_s: float) -> dict[str, float | None]:
+        tokens_per_s = self.tokens_per_device / step_time_s
+        mfu = tokens_per_s * self.flops_per_token / self.peak if self.peak else None
+        return {"perf/step_time_s": step_time_s, "perf/tokens_per_s": tokens_per_s, "perf/mfu": mfu}
+
+    def summary(self) -> dict[str, float | None]:
+        """Median over the steps after warm-up (all steps if the run is shorter than the warm-up)."""
+        timed = self.step_times[self.warmup_steps :] or self.step_times
+        if not timed:
+            return {"step_time_s": None, "tokens_per_s": None, "mfu": None}
+        return {k.split("/")[1]: v for k, v in self._figures(statistics.median(timed)).items()}

@@ -1,0 +1,78 @@
+"""The Hydra entry point: compose and check the config, then either work as a rank (the process was
+started by torchrun, srun or a launcher plugin) or spawn the ranks of the run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from fsdp_lab.config import ConfigError, register_schema
+from fsdp_lab.dist import is_rank_process, resolve_device_type
+from fsdp_lab.rundir import register_resolvers
+from fsdp_lab.sinks.files import METRICS_FILE, read_summary, write_summary
+from fsdp_lab.validate import prepare
+from fsdp_lab.worker import base_summary
+
+register_schema()
+register_resolvers()
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def fail(message: str, code: int) -> None:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def discard_unstarted_run_dir(run_dir: Path) -> None:
+    """A run refused before it started leaves nothing behind (Hydra made the dir already)."""
+    if not (run_dir / METRICS_FILE).exists():
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def record_spawn_failure(run_dir: Path, summary: dict, error: str) -> None:
+    """The parent knows which rank failed first; rank 0 may have died before writing anything."""
+    metrics = run_dir / METRICS_FILE
+    steps = sum(1 for _ in metrics.open()) if metrics.exists() else 0
+    written = read_summary(run_dir) or {**summary, "steps": steps}
+    written.update(status="failed", error=error)
+    write_summary(run_dir, written)
+
+
+def execute(cfg: DictConfig, run_dir: Path) -> None:
+    """Run one composed config in `run_dir`; exits non-zero with a one-line message on failure."""
+    try:
+        run, dims = prepare(cfg)
+    except ConfigError as e:
+        if os.environ.get("RANK", "0") == "0":
+            discard_unstarted_run_dir(run_dir)
+        fail(str(e), code=2)
+    if is_rank_process():
+        from fsdp_lab.worker import rank_main
+
+        try:
+            rank_main(run, str(run_dir), dims)
+        finally:
+            if os.environ["RANK"] == "0":
+                print(f"run dir: {run_dir}", flush=True)
+        return
+    from fsdp_lab.spawn import RankFailed, spawn_ranks
+
+    try:
+        spawn_ranks(run, dims, run_dir)
+    except RankFailed as e:
+        record_spawn_failure(run_dir, base_summary(run, dims, resolve_device_type(run.device)), str(e))
+        print(f"run dir: {run_dir}", flush=True)
+        fail(str(e), code=1)
+    print(f"run dir: {run_dir}", flush=True)
+
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    execute(cfg, Path(HydraConfig.get().runtime.output_dir))

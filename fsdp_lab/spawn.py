@@ -1,0 +1,49 @@
+"""Spawn a run's ranks on this machine through torch elastic (the API torchrun is built on)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from fsdp_lab.config import RunConfig
+from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.worker import rank_main
+
+
+class RankFailed(RuntimeError):
+    """A rank of the run failed; the message names it and its error."""
+
+
+def describe_failure(err: ChildFailedError) -> str:
+    rank, failure = err.get_first_failure()
+    if failure.exitcode < 0:
+        return f"rank {rank} died from signal {failure.signal_name()}"
+    message = failure.message
+    if isinstance(message, dict):  # the error file written by @record: {"message": "Type: text", ...}
+        message = message.get("message", "")
+    message = str(message).strip().splitlines()[0] if message else f"exit code {failure.exitcode}"
+    return f"rank {rank} failed: {message}"
+
+
+def spawn_ranks(run: RunConfig, dims: ParallelDims, run_dir: Path) -> None:
+    """Run `rank_main` on `dims.world_size` local ranks; raises RankFailed naming the first failure."""
+    n = dims.world_size
+    # One thread per rank share of the cores; also silences elastic's warning about the default.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=run_dir.name,
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=run.launch.max_restarts,
+        monitor_interval=0.1, start_method="spawn", log_line_prefix_template="[rank${rank}]:",
+        # Every rank's output is kept under logs/; rank 0's stdout and all stderr also reach the console.
+        logs_specs=DefaultLogsSpecs(
+            log_dir=str(run_dir / "logs"), tee={i: Std.ALL if i == 0 else Std.ERR for i in range(n)}
+        ),
+    )
+    try:
+        elastic_launch(config, rank_main)(run, str(run_dir), dims)
+    except ChildFailedError as e:
+        raise RankFailed(describe_failure(e)) from None

@@ -1,0 +1,132 @@
+"""The training loop: microbatches, optimizer, and the points where probes look."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from fsdp_lab.config import FaultConfig, TrainConfig
+from fsdp_lab.data import microbatches
+from fsdp_lab.probes.memory import PhaseMemory, null_marker
+from fsdp_lab.probes.parity import ParityVerdict, max_param_abs_diff, unwrap
+from fsdp_lab.probes.perf import Throughput
+
+log = logging.getLogger(__name__)
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches, mark: Callable[[str], None]) -> torch.Tensor:
+    """One optimizer step over the microbatches; returns this rank's mean loss (detached).
+
+    Each microbatch's loss is divided by their number, so the accumulated gradient equals that of
+    one pass over the whole batch."""
+    mark("start")
+    total = torch.zeros((), device=batches[0][1].device)
+    for inputs, targets in batches:
+        logits = model(inputs)
+        mark("after_fwd")
+        loss = loss_fn(logits, targets) / len(batches)
+        mark("after_loss")
+        loss.backward()
+        mark("after_bwd")
+        total += loss.detach()
+    optimizer.step()
+    mark("after_step")
+    optimizer.zero_grad(set_to_none=True)
+    mark("done")
+    return total
+
+
+@dataclass
+class Reference:
+    """The parity reference: a DDP copy of the model with its own optimizer."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    verdict: ParityVerdict
+    param_every: int
+    strict: bool
+
+
+class Trainer:
+    def __init__(
+        self, *, model: nn.Module, optimizer: torch.optim.Optimizer, train: TrainConfig, fault: FaultConfig,
+        rank: int, dp_rank: int, dp_group, device: torch.device, memory: PhaseMemory | None,
+        throughput: Throughput | None, reference: Reference | None, on_step: Callable[[dict], None],
+    ):
+        self.model, self.optimizer = model, optimizer
+        self.train, self.fault = train, fault
+        self.rank, self.dp_rank, self.dp_group, self.device = rank, dp_rank, dp_group, device
+        self.memory, self.throughput, self.reference = memory, throughput, reference
+        self.on_step = on_step
+        self.last_loss: float | None = None
+        self.peak_mib = 0.0
+
+    def _batches(self, step: int):
+        cfg = self.train
+        return microbatches(
+            unwrap(self.model),
+            seed=cfg.seed, step=step, dp_rank=self.dp_rank, batch_size=cfg.batch_size,
+            seq_len=cfg.seq_len, n=cfg.microbatches, device=self.device,
+        )
+
+    def _global_mean(self, local: torch.Tensor) -> float:
+        value = local.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.dp_group)
+        return value.item() / dist.get_world_size(self.dp_group)
+
+    def _inject_fault(self, step: int) -> None:
+        if self.fault.kill_rank != self.rank or self.fault.at_step != step:
+            return
+        if self.fault.kind == "raise":
+            raise RuntimeError(f"injected fault: rank {self.rank} raised at step {step}")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def run(self, start_step: int = 0) -> None:
+        for step in range(start_step, self.train.steps):
+            self._inject_fault(step)
+            batches = self._batches(step)
+            t0 = time.perf_counter()
+            if self.memory is not None:
+                with self.memory.step() as mark:
+                    local_loss = train_step(self.model, self.optimizer, batches, mark)
+            else:
+                local_loss = train_step(self.model, self.optimizer, batches, null_marker)
+            loss = self._global_mean(local_loss)  # .item() inside: the step's kernels are done
+            row = {"step": step + 1, "loss": loss}
+            if self.throughput is not None:
+                row.update(self.throughput.metrics(time.perf_counter() - t0))
+            if self.memory is not None:
+                row.update(self.memory.metrics())
+                self.peak_mib = max(self.peak_mib, row["memory/peak_mib"])
+            if self.reference is not None:
+                row.update(self._check_parity(step, batches, loss))
+            self.last_loss = loss
+            self.on_step(row)
+
+    def _check_parity(self, step: int, batches, loss: float) -> dict[str, float]:
+        ref = self.reference
+        ref_loss = self._global_mean(train_step(ref.model, ref.optimizer, batches, null_marker))
+        out = {"parity/loss_abs_diff": abs(loss - ref_loss)}
+        ref.verdict.update_loss(out["parity/loss_abs_diff"])
+        if (step + 1) % ref.param_every == 0 or step + 1 == self.train.steps:
+            out["parity/param_max_abs_diff"] = max_param_abs_diff(self.model, ref.model)
+            ref.verdict.update_params(out["parity/param_max_abs_diff"])
+        if ref.strict and not ref.verdict.ok:
+            raise RuntimeError(
+                f"parity drift at step {step + 1}: loss diff {ref.verdict.max_loss_abs_diff:.3g}, param diff "
+                f"{ref.verdict.max_param_abs_diff:.3g} > tolerance {ref.verdict.tolerance:g} (probes.parity.strict=true)"
+            )
+        return out

@@ -1,0 +1,81 @@
+"""Checks a composed config before any rank starts: each failure is one ConfigError line naming
+the key, the value and what is allowed. Grow this file with every new knob."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from omegaconf import DictConfig
+
+from fsdp_lab.config import ConfigError, RunConfig, to_run_config
+from fsdp_lab.dist import default_world_size, is_rank_process, resolve_device_type
+from fsdp_lab.mesh import ParallelDims
+
+
+def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
+    """The typed, checked run and its parallel dimensions."""
+    run = to_run_config(cfg)
+    device_type = resolve_device_type(run.device)
+    dims = ParallelDims.resolve(
+        pp=run.mesh.pp, dp_replicate=run.mesh.dp_replicate, dp_shard=run.mesh.dp_shard, tp=run.mesh.tp,
+        world_size=_world_size(run, device_type),
+    )
+    check_run(run, dims, device_type)
+    return run, dims
+
+
+def _world_size(run: RunConfig, device_type: str) -> int:
+    if is_rank_process():
+        return int(os.environ["WORLD_SIZE"])
+    m = run.mesh
+    if m.dp_shard == -1:
+        world = m.world_size or default_world_size(device_type)
+    else:
+        world = m.pp * m.dp_replicate * m.dp_shard * m.tp
+        if m.world_size is not None and m.world_size != world:
+            raise ConfigError(
+                f"mesh.world_size={m.world_size}, but pp={m.pp} x dp_replicate={m.dp_replicate} x "
+                f"dp_shard={m.dp_shard} x tp={m.tp} = {world}"
+            )
+    if device_type == "cuda" and world > torch.cuda.device_count():
+        raise ConfigError(f"mesh: world size {world} needs {world} GPUs, but {torch.cuda.device_count()} are visible")
+    return world
+
+
+def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
+    t = run.train
+    if t.steps < 1:
+        raise ConfigError(f"train.steps={t.steps}: must be >= 1")
+    if t.batch_size < 1:
+        raise ConfigError(f"train.batch_size={t.batch_size}: must be >= 1")
+    if t.microbatches < 1 or t.batch_size % t.microbatches:
+        raise ConfigError(f"train.microbatches={t.microbatches}: must divide train.batch_size={t.batch_size}")
+    if run.model.name == "transformer" and run.model.dim % run.model.n_heads:
+        raise ConfigError(f"model.n_heads={run.model.n_heads}: must divide model.dim={run.model.dim}")
+    _check_fsdp(run, dims, device_type)
+    f = run.fault
+    if f.kill_rank is not None and not 0 <= f.kill_rank < dims.world_size:
+        raise ConfigError(f"fault.kill_rank={f.kill_rank}: must be a rank in 0..{dims.world_size - 1}")
+    if (f.kill_rank is None) != (f.at_step is None):
+        raise ConfigError("fault.kill_rank and fault.at_step: set both or neither")
+
+
+def _check_fsdp(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
+    f = run.fsdp
+    raf = f.reshard_after_forward
+    if not isinstance(raf, bool):
+        if not isinstance(raf, int) or raf < 2 or dims.dp_shard % raf:
+            raise ConfigError(
+                f"fsdp.reshard_after_forward={raf!r}: allowed are true, false, or an int >= 2 dividing "
+                f"mesh.dp_shard={dims.dp_shard}"
+            )
+    if device_type == "cpu":
+        for key in ("param_dtype", "reduce_dtype"):
+            if getattr(f, key) == "float16":
+                raise ConfigError(f"fsdp.{key}=float16: not supported on CPU; allowed here: float32, bfloat16, null")
+    if run.wrap.policy == "linear" and run.model.tie_embeddings:
+        raise ConfigError(
+            "wrap.policy=linear with model.tie_embeddings=true: the tied weight would sit in two FSDP units; "
+            "allowed: wrap.policy=block|root|size"
+        )

@@ -1,0 +1,172 @@
+"""What every rank runs: dist init -> mesh -> model -> parallelize -> probes -> train -> sinks.
+
+Rank 0 writes the run dir's metrics.jsonl, summary.json and the W&B run; every rank reports its
+own failure so the launcher can name it."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import signal
+import sys
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from fsdp_lab.config import RunConfig
+from fsdp_lab.dist import DistContext, init_distributed, resolve_device_type, set_determinism
+from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.models import build_model, count_params
+from fsdp_lab.optim import build_optimizer
+from fsdp_lab.parallel import parallelize
+from fsdp_lab.parallel.ddp import apply_ddp
+from fsdp_lab.probes.memory import PHASES, PhaseMemory
+from fsdp_lab.probes.parity import TOLERANCES, ParityVerdict
+from fsdp_lab.probes.perf import Throughput
+from fsdp_lab.sinks.files import MetricsFile, write_summary
+from fsdp_lab.sinks.wandb_sink import WandbSink
+from fsdp_lab.train import Reference, Trainer
+
+log = logging.getLogger("fsdp_lab")
+
+
+class Terminated(Exception):
+    """The launcher stopped this rank (SIGTERM), usually because another rank failed."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(f"rank stopped by signal {signal.Signals(signum).name} (another rank failed or the run was stopped)")
+
+
+def _compute_dtype(run: RunConfig) -> torch.dtype:
+    if run.mesh.engine != "ddp" and run.fsdp.param_dtype:
+        return getattr(torch, run.fsdp.param_dtype)
+    return torch.float32
+
+
+def base_summary(run: RunConfig, dims: ParallelDims, device: str) -> dict:
+    return {
+        "status": "running", "error": None, "steps": 0, "world_size": dims.world_size, "device": device,
+        "mesh": {**dims.as_dict(), "engine": run.mesh.engine},
+    }
+
+
+@record
+def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
+    """Entry point of a spawned or externally launched rank."""
+    logging.basicConfig(level=logging.INFO if os.environ.get("RANK") == "0" else logging.WARNING, format="%(message)s")
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    ctx = init_distributed(resolve_device_type(run.device), run.launch.timeout_s)
+    summary = base_summary(run, dims, ctx.device.type)
+    run_path = Path(run_dir)
+    sinks: _RankZeroSinks | None = None
+    try:
+        if ctx.is_main:
+            sinks = _RankZeroSinks(run, run_path, dims, ctx)
+        trainer = build_trainer(run, dims, ctx, on_step=sinks.on_step if sinks else lambda row: None)
+        trainer.run()
+        summary.update(status="ok", steps=run.train.steps, final_loss=trainer.last_loss)
+        summary.update(_probe_summaries(run, trainer))
+        if ctx.is_main:
+            print(f"done: {run.train.steps} steps, final loss {trainer.last_loss:.6f}", flush=True)
+    except BaseException as e:
+        summary.update(status="failed", error=f"rank {ctx.rank}: {type(e).__name__}: {e}")
+        if ctx.is_main and sinks is not None:
+            summary["steps"] = sinks.steps_done
+        traceback.print_exc(file=sys.stderr)
+        raise
+    finally:
+        if sinks is not None:
+            sinks.close(summary)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step) -> Trainer:
+    set_determinism(run.train.seed)
+    mesh, dp_mesh = dims.build_meshes(ctx.device.type)
+    model = build_model(run.model, run.train.seed)
+    reference_model = copy.deepcopy(model) if run.probes.parity.enabled else None
+    n_params = count_params(model)
+    model = parallelize(model, dims, mesh, dp_mesh, run, ctx.device)
+    optimizer = build_optimizer(model.parameters(), run.optim, ctx.device)
+    if ctx.is_main:
+        log.info("model %s: %.2fM params, mesh %s, engine %s", run.model.name, n_params / 1e6, dims.as_dict(), run.mesh.engine)
+    reference = None
+    if reference_model is not None:
+        ref = apply_ddp(reference_model, dp_mesh, ctx.device)
+        reference = Reference(
+            model=ref, optimizer=build_optimizer(ref.parameters(), run.optim, ctx.device),
+            verdict=ParityVerdict(tolerance=TOLERANCES[_compute_dtype(run)], reference="ddp-fp32"),
+            param_every=run.probes.parity.param_every, strict=run.probes.parity.strict,
+        )
+    unwrapped = getattr(model, "module", model)
+    seq = run.train.seq_len
+    throughput = None
+    if run.probes.perf.enabled:
+        throughput = Throughput(
+            tokens_per_step=dims.dp * run.train.batch_size * unwrapped.tokens_per_sample(seq),
+            world_size=dims.world_size, flops_per_token=unwrapped.flops_per_token(seq),
+            device=ctx.device, warmup_steps=run.probes.perf.warmup_steps,
+        )
+    memory = PhaseMemory(ctx.device, model, optimizer) if run.probes.memory.enabled else None
+    return Trainer(
+        model=model, optimizer=optimizer, train=run.train, fault=run.fault, rank=ctx.rank,
+        dp_rank=dp_mesh.get_local_rank(), dp_group=dp_mesh.get_group(), device=ctx.device,
+        memory=memory, throughput=throughput, reference=reference, on_step=on_step,
+    )
+
+
+def _probe_summaries(run: RunConfig, trainer: Trainer) -> dict:
+    out: dict = {"parity": {"enabled": False}, "memory": None, "perf": None}
+    if trainer.reference is not None:
+        out["parity"] = trainer.reference.verdict.as_summary()
+    if trainer.memory is not None:
+        readings = trainer.memory.readings
+        out["memory"] = {"peak_mib": trainer.peak_mib, "phases_mib": {p: readings[p] for p in PHASES if p in readings}}
+    if trainer.throughput is not None:
+        out["perf"] = trainer.throughput.summary()
+    return out
+
+
+class _RankZeroSinks:
+    """metrics.jsonl, W&B and the progress line: rank 0 only."""
+
+    def __init__(self, run: RunConfig, run_dir: Path, dims: ParallelDims, ctx: DistContext):
+        self.run, self.steps_done = run, 0
+        self.metrics = MetricsFile(run_dir, append=False)
+        self.wandb = None
+        if run.logger.kind == "wandb":
+            self.wandb = WandbSink(
+                run.logger, run_dir=run_dir, name=run.name, config=asdict(run), group=None,
+                job_type=f"{run.mesh.engine}-" + "x".join(f"{k}{v}" for k, v in dims.as_dict().items() if v > 1),
+            )
+
+    def on_step(self, row: dict) -> None:
+        self.steps_done = row["step"]
+        self.metrics.write(row)
+        if self.wandb is not None:
+            self.wandb.log(row)
+        print(_progress_line(row, self.run.train.steps), flush=True)
+
+    def close(self, summary: dict) -> None:
+        self.metrics.close()
+        write_summary(Path(self.metrics.path.parent), summary)
+        if self.wandb is not None:
+            self.wandb.finish(summary, exit_code=0 if summary["status"] == "ok" else 1)
+
+
+def _progress_line(row: dict, steps: int) -> str:
+    parts = [f"step {row['step']}/{steps}", f"loss {row['loss']:.5f}"]
+    if "parity/loss_abs_diff" in row:
+        parts.append(f"parity Δloss {row['parity/loss_abs_diff']:.1e}")
+    if "memory/peak_mib" in row:
+        parts.append(f"peak {row['memory/peak_mib']:.2f} MiB")
+    if "perf/step_time_s" in row:
+        parts.append(f"{row['perf/step_time_s'] * 1e3:.1f} ms")
+    return " | ".join(parts)

@@ -1,0 +1,52 @@
+"""Running the lab as a user does (`python -m fsdp_lab ...` in a real process) and reading back
+what a run wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class LabRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    run_dir: Path | None
+
+    @property
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    @property
+    def metrics(self) -> list[dict]:
+        return [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("error: ")]
+
+
+def lab_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def run_lab(*overrides: str, run_dir: Path | None = None, command: list[str] | None = None,
+            timeout: float = 300, env: dict[str, str] | None = None) -> LabRun:
+    """`python -m fsdp_lab OVERRIDES` (or `command`), with the run dir pinned to `run_dir` if given."""
+    args = list(overrides)
+    if run_dir is not None:
+        args.append(f"hydra.run.dir={run_dir}")
+    cmd = (command or [sys.executable, "-m", "fsdp_lab"]) + args
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env or lab_env())
+    found = re.findall(r"^run dir: (.+)$", proc.stdout, flags=re.M)
+    return LabRun(proc.returncode, proc.stdout, proc.stderr, Path(found[-1]) if found else None)
