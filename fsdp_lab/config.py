@@ -221,8 +221,9 @@ class FaultConfig:
     """Rank that dies at fault.at_step (for testing recovery)."""
     at_step: Optional[int] = None
     """Step at which fault.kill_rank dies."""
-    kind: str = choice("kill", "kill", "raise")
-    """kill = SIGKILL (a hard crash), raise = an exception in the rank."""
+    kind: str = choice("kill", "kill", "raise", "hang")
+    """kill = SIGKILL (a hard crash), raise = an exception in the rank, hang = the rank stops
+    calling collectives, so its peers time out (after launch.timeout_s)."""
 
 
 @dataclass

@@ -36,12 +36,13 @@ def discard_unstarted_run_dir(run_dir: Path) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def record_spawn_failure(run_dir: Path, summary: dict, error: str) -> None:
+def record_spawn_failure(run_dir: Path, summary: dict, status: str, error: str) -> None:
     """The parent knows which rank failed first; rank 0 may have died before writing anything."""
-    metrics = run_dir / METRICS_FILE
-    steps = sum(1 for _ in metrics.open()) if metrics.exists() else 0
-    written = read_summary(run_dir) or {**summary, "steps": steps}
-    written.update(status="failed", error=error)
+    written = read_summary(run_dir)
+    if written is None:
+        metrics = run_dir / METRICS_FILE
+        written = {**summary, "steps": sum(1 for _ in metrics.open()) if metrics.exists() else 0}
+    written.update(status=status, error=error)
     write_summary(run_dir, written)
 
 
@@ -62,14 +63,15 @@ def execute(cfg: DictConfig, run_dir: Path) -> None:
             if os.environ["RANK"] == "0":
                 print(f"run dir: {run_dir}", flush=True)
         return
-    from fsdp_lab.spawn import RankFailed, spawn_ranks
+    from fsdp_lab.spawn import Interrupted, RankFailed, spawn_ranks
 
     try:
         spawn_ranks(run, dims, run_dir)
-    except RankFailed as e:
-        record_spawn_failure(run_dir, base_summary(run, dims, resolve_device_type(run.device)), str(e))
+    except (RankFailed, Interrupted) as e:
+        status, code = ("failed", 1) if isinstance(e, RankFailed) else ("interrupted", 130)
+        record_spawn_failure(run_dir, base_summary(run, dims, resolve_device_type(run.device)), status, str(e))
         print(f"run dir: {run_dir}", flush=True)
-        fail(str(e), code=1)
+        fail(str(e), code=code)
     print(f"run dir: {run_dir}", flush=True)
 
 

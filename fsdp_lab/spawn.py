@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -16,6 +16,10 @@ from fsdp_lab.worker import rank_main
 
 class RankFailed(RuntimeError):
     """A rank of the run failed; the message names it and its error."""
+
+
+class Interrupted(RuntimeError):
+    """The run was stopped by a signal (Ctrl-C, SIGTERM) sent to the launching process."""
 
 
 def describe_failure(err: ChildFailedError) -> str:
@@ -47,3 +51,5 @@ def spawn_ranks(run: RunConfig, dims: ParallelDims, run_dir: Path) -> None:
         elastic_launch(config, rank_main)(run, str(run_dir), dims)
     except ChildFailedError as e:
         raise RankFailed(describe_failure(e)) from None
+    except SignalException as e:  # elastic has already stopped every rank with that signal
+        raise Interrupted(f"interrupted by {e.sigval.name}; every rank was stopped") from None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import signal
@@ -16,7 +18,7 @@ from torch import nn
 
 from fsdp_lab.config import FaultConfig, TrainConfig
 from fsdp_lab.data import microbatches
-from fsdp_lab.probes.memory import PhaseMemory, null_marker
+from fsdp_lab.probes.memory import PhaseMemory
 from fsdp_lab.probes.parity import ParityVerdict, max_param_abs_diff, unwrap
 from fsdp_lab.probes.perf import Throughput
 
@@ -25,6 +27,21 @@ log = logging.getLogger(__name__)
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+
+# What a rank is doing after each phase mark: named in the error when a collective times out.
+IN_FLIGHT_AFTER = {
+    "start": "forward (parameter all-gather)",
+    "after_fwd": "loss",
+    "after_loss": "backward (gradient reduce-scatter / all-reduce)",
+    "after_bwd": "optimizer step or the next microbatch's forward",
+    "after_step": "zero_grad",
+    "done": "loss all-reduce",
+}
+
+
+def unmeasured(phase: str) -> None:
+    """The phase marker of steps nobody measures (the parity reference's)."""
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches, mark: Callable[[str], None]) -> torch.Tensor:
@@ -73,6 +90,12 @@ class Trainer:
         self.on_step = on_step
         self.last_loss: float | None = None
         self.peak_mib = 0.0
+        self.activity = "setup"
+
+    def _mark(self, step: int, phase: str) -> None:
+        self.activity = f"step {step + 1}: {IN_FLIGHT_AFTER[phase]}"
+        if self.memory is not None:
+            self.memory.mark(phase)
 
     def _batches(self, step: int):
         cfg = self.train
@@ -92,6 +115,9 @@ class Trainer:
             return
         if self.fault.kind == "raise":
             raise RuntimeError(f"injected fault: rank {self.rank} raised at step {step}")
+        if self.fault.kind == "hang":
+            while True:
+                time.sleep(60)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def run(self, start_step: int = 0) -> None:
@@ -99,11 +125,9 @@ class Trainer:
             self._inject_fault(step)
             batches = self._batches(step)
             t0 = time.perf_counter()
-            if self.memory is not None:
-                with self.memory.step() as mark:
-                    local_loss = train_step(self.model, self.optimizer, batches, mark)
-            else:
-                local_loss = train_step(self.model, self.optimizer, batches, null_marker)
+            mark = functools.partial(self._mark, step)
+            with self.memory.step() if self.memory is not None else contextlib.nullcontext():
+                local_loss = train_step(self.model, self.optimizer, batches, mark)
             loss = self._global_mean(local_loss)  # .item() inside: the step's kernels are done
             row = {"step": step + 1, "loss": loss}
             if self.throughput is not None:
@@ -118,7 +142,8 @@ class Trainer:
 
     def _check_parity(self, step: int, batches, loss: float) -> dict[str, float]:
         ref = self.reference
-        ref_loss = self._global_mean(train_step(ref.model, ref.optimizer, batches, null_marker))
+        self.activity = f"step {step + 1}: parity reference step (DDP all-reduce)"
+        ref_loss = self._global_mean(train_step(ref.model, ref.optimizer, batches, unmeasured))
         out = {"parity/loss_abs_diff": abs(loss - ref_loss)}
         ref.verdict.update_loss(out["parity/loss_abs_diff"])
         if (step + 1) % ref.param_every == 0 or step + 1 == self.train.steps:

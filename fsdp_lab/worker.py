@@ -35,6 +35,16 @@ from fsdp_lab.train import Reference, Trainer
 log = logging.getLogger("fsdp_lab")
 
 
+class CollectiveTimeout(RuntimeError):
+    """A collective did not complete within launch.timeout_s; names what the rank was doing."""
+
+
+def _is_collective_timeout(e: BaseException) -> bool:
+    # gloo raises RuntimeError("... Timed out waiting ..."), NCCL's watchdog DistBackendError("... timeout ...").
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and ("timed out" in text or "timeout" in text)
+
+
 class Terminated(Exception):
     """The launcher stopped this rank (SIGTERM), usually because another rank failed."""
 
@@ -65,6 +75,7 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
     summary = base_summary(run, dims, ctx.device.type)
     run_path = Path(run_dir)
     sinks: _RankZeroSinks | None = None
+    trainer: Trainer | None = None
     try:
         if ctx.is_main:
             sinks = _RankZeroSinks(run, run_path, dims, ctx)
@@ -75,10 +86,17 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
         if ctx.is_main:
             print(f"done: {run.train.steps} steps, final loss {trainer.last_loss:.6f}", flush=True)
     except BaseException as e:
-        summary.update(status="failed", error=f"rank {ctx.rank}: {type(e).__name__}: {e}")
-        if ctx.is_main and sinks is not None:
+        interrupted = isinstance(e, (KeyboardInterrupt, Terminated))
+        summary.update(status="interrupted" if interrupted else "failed", error=f"rank {ctx.rank}: {type(e).__name__}: {e}")
+        if sinks is not None:
             summary["steps"] = sinks.steps_done
         traceback.print_exc(file=sys.stderr)
+        if _is_collective_timeout(e):
+            where = trainer.activity if trainer is not None else "setup"
+            raise CollectiveTimeout(
+                f"a collective timed out after launch.timeout_s={run.launch.timeout_s}s during {where} "
+                f"(a peer rank stopped or hangs): {str(e).splitlines()[0]}"
+            ) from e
         raise
     finally:
         if sinks is not None:

@@ -77,22 +77,6 @@ def test_external_torchrun_gives_one_run_dir(tmp_path):
     assert result.stdout.count("run dir: ") == 1
 
 
-def test_rank_that_raises_fails_the_run_naming_the_rank(tmp_path):
-    result = run_lab("train.steps=4", "logger=none", "fault.kill_rank=1", "fault.at_step=2", "fault.kind=raise", run_dir=tmp_path / "run")
-    assert result.returncode == 1
-    assert result.error_lines == ["error: rank 1 failed: RuntimeError: injected fault: rank 1 raised at step 2"]
-    s = result.summary
-    assert s["status"] == "failed" and s["error"].startswith("rank 1 failed")
-    assert [r["step"] for r in result.metrics] == [1, 2], "metrics of finished steps are kept"
-
-
-def test_killed_rank_is_named(tmp_path):
-    result = run_lab("train.steps=4", "logger=none", "fault.kill_rank=0", "fault.at_step=1", run_dir=tmp_path / "run")
-    assert result.returncode == 1
-    assert result.error_lines == ["error: rank 0 died from signal SIGKILL"]
-    assert result.summary["status"] == "failed" and result.summary["steps"] == 1
-
-
 def test_mlp_stack_without_reshard_matches_ddp(tmp_path):
     result = run_lab("+experiment=mlp_stack_no_reshard", "logger=none", run_dir=tmp_path / "run")
     assert result.returncode == 0, result.stderr[-3000:]

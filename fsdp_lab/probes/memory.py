@@ -37,7 +37,7 @@ class PhaseMemory:
 
     @contextlib.contextmanager
     def step(self):
-        """Measure one optimizer step; yields `mark(phase)`, which records the memory now."""
+        """Measure one optimizer step; `mark(phase)` records the memory at each phase within it."""
         self.readings = {}
         if self.tracker is None:
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -45,7 +45,7 @@ class PhaseMemory:
         else:
             tracking = self.tracker
         with tracking:
-            yield self.mark
+            yield
 
     def mark(self, phase: str) -> None:
         self.readings[phase] = self._current_bytes() / MIB
@@ -59,7 +59,3 @@ class PhaseMemory:
         out = {f"memory/{phase}_mib": self.readings[phase] for phase in PHASES if phase in self.readings}
         out["memory/peak_mib"] = max(self._peak_bytes() / MIB, *self.readings.values())
         return out
-
-
-def null_marker(phase: str) -> None:
-    """Stands in for `PhaseMemory.mark` when the memory probe is off."""

@@ -3,6 +3,7 @@ finished step) and summary.json (written aside, then renamed, so it is never hal
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -26,7 +27,10 @@ class MetricsFile:
         self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        # A write that failed (disk full) leaves its data buffered and close() would fail on it again;
+        # the failure was already raised where it happened.
+        with contextlib.suppress(OSError):
+            self._file.close()
 
 
 def write_json_atomic(path: Path, data: dict) -> None:

@@ -1,0 +1,51 @@
+"""The catalogue of mistakes users make, each refused before any rank starts: non-zero exit, one
+clear line naming the key, the value and what is allowed, no traceback, no run dir left behind.
+Grow the table with every new knob."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab import run_lab
+
+pytestmark = pytest.mark.bad_input
+
+# (overrides, the line the user sees). Hydra's own composition errors (unknown group option, type)
+# come from Hydra and are printed by it; ours start with "error: ".
+CATALOGUE = [
+    ("train.steps=0", "error: train.steps=0: must be >= 1"),
+    ("train.steps=-3", "error: train.steps=-3: must be >= 1"),
+    ("train.batch_size=0", "error: train.batch_size=0: must be >= 1"),
+    ("train.microbatches=3", "error: train.microbatches=3: must divide train.batch_size=4"),
+    ("+model.dimm=3", "error: Key 'dimm' not in 'ModelConfig'"),
+    ("+fsdp.reshard=false", "error: Key 'reshard' not in 'FSDPConfig'"),
+    ("mesh.engine=fsdp3", "error: mesh.engine=fsdp3: allowed are fsdp2, fsdp1, ddp"),
+    ("device=tpu", "error: device=tpu: allowed are auto, cpu, cuda"),
+    ("device=cuda", "error: device=cuda: no CUDA GPU is visible to this process; allowed here: auto, cpu"),
+    ("model=no_such", "Could not find 'model/no_such'"),
+    ("+experiment=no_such", "Could not find 'experiment/no_such'"),
+    ("model.dim=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
+    ("mesh.dp_shard=3 mesh.world_size=2", "error: mesh.world_size=2, but pp=1 x dp_replicate=1 x dp_shard=3 x tp=1 = 3"),
+    ("mesh.dp_replicate=3 mesh.world_size=4", "error: mesh: pp=1 x dp_replicate=3 x tp=1 = 3 does not divide the world size 4, so mesh.dp_shard=-1 cannot fill it"),
+    ("mesh.tp=0", "error: mesh.tp=0: must be >= 1"),
+    ("model.n_heads=3", "error: model.n_heads=3: must divide model.dim=64"),
+    ("fsdp.reshard_after_forward=3", "error: fsdp.reshard_after_forward=3: allowed are true, false, or an int >= 2 dividing mesh.dp_shard=2"),
+    ("fsdp.reshard_after_forward=maybe", "error: fsdp.reshard_after_forward='maybe': allowed are true, false, or an int >= 2 dividing mesh.dp_shard=2"),
+    ("fsdp.param_dtype=float16", "error: fsdp.param_dtype=float16: not supported on CPU; allowed here: float32, bfloat16, null"),
+    ("fsdp.param_dtype=int8", "error: fsdp.param_dtype=int8: allowed are float32, bfloat16, float16, float64"),
+    ("wrap=linear model.tie_embeddings=true", "error: wrap.policy=linear with model.tie_embeddings=true: the tied weight would sit in two FSDP units; allowed: wrap.policy=block|root|size"),
+    ("fault.kill_rank=5 fault.at_step=1", "error: fault.kill_rank=5: must be a rank in 0..1"),
+    ("fault.kill_rank=1", "error: fault.kill_rank and fault.at_step: set both or neither"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", CATALOGUE, ids=[c[0] for c in CATALOGUE])
+def test_bad_input_is_refused_before_any_rank_starts(tmp_path, overrides, message):
+    result = run_lab(*overrides.split(), "logger=none", run_dir=tmp_path / "run", timeout=60)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    if message.startswith("error: "):
+        assert result.returncode == 2 and result.error_lines == [message]
+    assert "[rank" not in result.stdout + result.stderr, "no rank may start"
+    assert not (tmp_path / "run").exists(), "a refused run leaves no run dir"
