@@ -171,10 +171,17 @@ class PerfProbeConfig:
 
 
 @dataclass
+class CommProbeConfig:
+    enabled: bool = False
+    """Count the collectives of each step (CommDebugMode) into comm/<op>_count."""
+
+
+@dataclass
 class ProbesConfig:
     parity: ParityProbeConfig = field(default_factory=ParityProbeConfig)
     memory: MemoryProbeConfig = field(default_factory=MemoryProbeConfig)
     perf: PerfProbeConfig = field(default_factory=PerfProbeConfig)
+    comm: CommProbeConfig = field(default_factory=CommProbeConfig)
 
 
 @dataclass
@@ -194,6 +201,19 @@ class LoggerConfig:
 
 
 @dataclass
+class AccumConfig:
+    sync: str = choice("every", "every", "last", "reduce_scatter_only")
+    """When microbatch gradients are reduced: every microbatch; only on the last (FSDP2
+    set_requires_gradient_sync, DDP/FSDP1 no_sync); or (HSDP) reduce-scatter every microbatch but
+    all-reduce across replicas only on the last (set_requires_all_reduce)."""
+    reshard_after_backward: bool = True
+    """FSDP2: reshard parameters after each microbatch's backward (false keeps them unsharded until the
+    last microbatch: more memory, fewer all-gathers)."""
+    explicit_unshard: bool = False
+    """FSDP2: all-gather every unit ahead of each microbatch with unshard(async_op=True)."""
+
+
+@dataclass
 class TrainConfig:
     steps: int = 20
     """Optimizer steps."""
@@ -205,6 +225,8 @@ class TrainConfig:
     """Tokens per sample (transformer); features per sample for MLPs are model.dim."""
     seed: int = 0
     """Seeds the weights (same on every rank) and the data (per step and data-parallel rank)."""
+    accum: AccumConfig = field(default_factory=AccumConfig)
+    """Gradient accumulation over train.microbatches."""
 
 
 @dataclass

@@ -16,8 +16,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from fsdp_lab.accum import Accumulation
 from fsdp_lab.config import FaultConfig, TrainConfig
 from fsdp_lab.data import microbatches
+from fsdp_lab.probes.comm import CommCounter
 from fsdp_lab.probes.memory import PhaseMemory
 from fsdp_lab.probes.parity import ParityVerdict, max_param_abs_diff, unwrap
 from fsdp_lab.probes.perf import Throughput
@@ -44,20 +46,25 @@ def unmeasured(phase: str) -> None:
     """The phase marker of steps nobody measures (the parity reference's)."""
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batches, mark: Callable[[str], None]) -> torch.Tensor:
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batches, mark: Callable[[str], None],
+    around_microbatch: Callable[[int, int], contextlib.AbstractContextManager] | None = None,
+) -> torch.Tensor:
     """One optimizer step over the microbatches; returns this rank's mean loss (detached).
 
     Each microbatch's loss is divided by their number, so the accumulated gradient equals that of
-    one pass over the whole batch."""
+    one pass over the whole batch. `around_microbatch(index, count)` gives the context each
+    microbatch's forward+backward runs in (gradient accumulation policy, collective counting)."""
     mark("start")
     total = torch.zeros((), device=batches[0][1].device)
-    for inputs, targets in batches:
-        logits = model(inputs)
-        mark("after_fwd")
-        loss = loss_fn(logits, targets) / len(batches)
-        mark("after_loss")
-        loss.backward()
-        mark("after_bwd")
+    for i, (inputs, targets) in enumerate(batches):
+        with around_microbatch(i, len(batches)) if around_microbatch else contextlib.nullcontext():
+            logits = model(inputs)
+            mark("after_fwd")
+            loss = loss_fn(logits, targets) / len(batches)
+            mark("after_loss")
+            loss.backward()
+            mark("after_bwd")
         total += loss.detach()
     optimizer.step()
     mark("after_step")
@@ -82,15 +89,25 @@ class Trainer:
         self, *, model: nn.Module, optimizer: torch.optim.Optimizer, train: TrainConfig, fault: FaultConfig,
         rank: int, dp_rank: int, dp_group, device: torch.device, memory: PhaseMemory | None,
         throughput: Throughput | None, reference: Reference | None, on_step: Callable[[dict], None],
+        accumulation: Accumulation | None = None, comm: CommCounter | None = None,
     ):
         self.model, self.optimizer = model, optimizer
         self.train, self.fault = train, fault
         self.rank, self.dp_rank, self.dp_group, self.device = rank, dp_rank, dp_group, device
         self.memory, self.throughput, self.reference = memory, throughput, reference
         self.on_step = on_step
+        self.accumulation, self.comm = accumulation, comm
         self.last_loss: float | None = None
         self.peak_mib = 0.0
         self.activity = "setup"
+
+    def _around_microbatch(self, index: int, count: int) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        if self.accumulation is not None:
+            stack.enter_context(self.accumulation.microbatch(index, count))
+        if self.comm is not None:
+            stack.enter_context(self.comm.measure())
+        return stack
 
     def _mark(self, step: int, phase: str) -> None:
         self.activity = f"step {step + 1}: {IN_FLIGHT_AFTER[phase]}"
@@ -126,12 +143,16 @@ class Trainer:
             batches = self._batches(step)
             t0 = time.perf_counter()
             mark = functools.partial(self._mark, step)
+            if self.comm is not None:
+                self.comm.begin_step()
             with self.memory.step() if self.memory is not None else contextlib.nullcontext():
-                local_loss = train_step(self.model, self.optimizer, batches, mark)
+                local_loss = train_step(self.model, self.optimizer, batches, mark, self._around_microbatch)
             loss = self._global_mean(local_loss)  # .item() inside: the step's kernels are done
             row = {"step": step + 1, "loss": loss}
             if self.throughput is not None:
                 row.update(self.throughput.metrics(time.perf_counter() - t0))
+            if self.comm is not None:
+                row.update(self.comm.metrics())
             if self.memory is not None:
                 row.update(self.memory.metrics())
                 self.peak_mib = max(self.peak_mib, row["memory/peak_mib"])

@@ -54,11 +54,25 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     if run.model.name == "transformer" and run.model.dim % run.model.n_heads:
         raise ConfigError(f"model.n_heads={run.model.n_heads}: must divide model.dim={run.model.dim}")
     _check_fsdp(run, dims, device_type)
+    _check_accum(run, dims)
     f = run.fault
     if f.kill_rank is not None and not 0 <= f.kill_rank < dims.world_size:
         raise ConfigError(f"fault.kill_rank={f.kill_rank}: must be a rank in 0..{dims.world_size - 1}")
     if (f.kill_rank is None) != (f.at_step is None):
         raise ConfigError("fault.kill_rank and fault.at_step: set both or neither")
+
+
+def _check_accum(run: RunConfig, dims: ParallelDims) -> None:
+    a = run.train.accum
+    if a.sync == "reduce_scatter_only" and not (run.mesh.engine == "fsdp2" and dims.hsdp_enabled):
+        raise ConfigError(
+            "train.accum.sync=reduce_scatter_only: needs HSDP with FSDP2 (mesh.engine=fsdp2, mesh.dp_replicate>1 "
+            f"and mesh.dp_shard>1; here engine={run.mesh.engine}, dp_replicate={dims.dp_replicate}, "
+            f"dp_shard={dims.dp_shard}); allowed otherwise: every, last"
+        )
+    for key, value, default in (("reshard_after_backward", a.reshard_after_backward, True), ("explicit_unshard", a.explicit_unshard, False)):
+        if value != default and run.mesh.engine != "fsdp2":
+            raise ConfigError(f"train.accum.{key}={str(value).lower()}: only FSDP2 has it; mesh.engine={run.mesh.engine}")
 
 
 def _check_fsdp(run: RunConfig, dims: ParallelDims, device_type: str) -> None:

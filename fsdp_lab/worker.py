@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from fsdp_lab.accum import Accumulation
 from fsdp_lab.config import RunConfig
 from fsdp_lab.dist import DistContext, init_distributed, resolve_device_type, set_determinism
 from fsdp_lab.mesh import ParallelDims
@@ -25,6 +26,7 @@ from fsdp_lab.models import build_model, count_params
 from fsdp_lab.optim import build_optimizer
 from fsdp_lab.parallel import parallelize
 from fsdp_lab.parallel.ddp import apply_ddp
+from fsdp_lab.probes.comm import CommCounter
 from fsdp_lab.probes.memory import PHASES, PhaseMemory
 from fsdp_lab.probes.parity import TOLERANCES, ParityVerdict
 from fsdp_lab.probes.perf import Throughput
@@ -137,6 +139,8 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step)
         model=model, optimizer=optimizer, train=run.train, fault=run.fault, rank=ctx.rank,
         dp_rank=dp_mesh.get_local_rank(), dp_group=dp_mesh.get_group(), device=ctx.device,
         memory=memory, throughput=throughput, reference=reference, on_step=on_step,
+        accumulation=Accumulation(model, run.train.accum) if run.train.microbatches > 1 else None,
+        comm=CommCounter() if run.probes.comm.enabled else None,
     )
 
 
