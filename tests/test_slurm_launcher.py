@@ -40,5 +40,5 @@ def test_slurm_sweep_runs_each_job_as_two_tasks_into_one_run_dir(local_slurm, tm
         assert row["final_loss"] == summary["final_loss"] and f"model.dim={dim}" in row["overrides"]
         assert len(list(tmp_path.rglob(f"{row['job']}/.hydra"))) == 1
     task_logs = sorted(p.name for p in (tmp_path / ".submitit").rglob("*_log.out"))
-    assert len(task_logs) == 4 and {name.split("_")[-3] for name in task_logs} == {"0", "1"}, task_logs
+    assert len(task_logs) == 4 and {name.split("_")[-2] for name in task_logs} == {"0", "1"}, task_logs
     assert {r["run_dir"] for r in rows} == {str(tmp_path / "0"), str(tmp_path / "1")}, "no task resolved a run dir of its own"
