@@ -8,7 +8,7 @@ import os
 import torch
 from omegaconf import DictConfig
 
-from fsdp_lab.config import ConfigError, RunConfig, to_run_config
+from fsdp_lab.config import ConfigError, MeshConfig, RunConfig, to_run_config
 from fsdp_lab.dist import default_world_size, is_rank_process, resolve_device_type
 from fsdp_lab.mesh import ParallelDims
 
@@ -28,18 +28,22 @@ def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
 def _world_size(run: RunConfig, device_type: str) -> int:
     if is_rank_process():
         return int(os.environ["WORLD_SIZE"])
-    m = run.mesh
-    if m.dp_shard == -1:
-        world = m.world_size or default_world_size(device_type)
-    else:
-        world = m.pp * m.dp_replicate * m.dp_shard * m.tp
-        if m.world_size is not None and m.world_size != world:
-            raise ConfigError(
-                f"mesh.world_size={m.world_size}, but pp={m.pp} x dp_replicate={m.dp_replicate} x "
-                f"dp_shard={m.dp_shard} x tp={m.tp} = {world}"
-            )
+    world = requested_world_size(run.mesh, default_world_size(device_type))
     if device_type == "cuda" and world > torch.cuda.device_count():
         raise ConfigError(f"mesh: world size {world} needs {world} GPUs, but {torch.cuda.device_count()} are visible")
+    return world
+
+
+def requested_world_size(m: MeshConfig, default: int) -> int:
+    """The ranks a mesh asks for: the product of its degrees, or `default` when dp_shard=-1 fills any world."""
+    if m.dp_shard == -1:
+        return m.world_size or default
+    world = m.pp * m.dp_replicate * m.dp_shard * m.tp
+    if m.world_size is not None and m.world_size != world:
+        raise ConfigError(
+            f"mesh.world_size={m.world_size}, but pp={m.pp} x dp_replicate={m.dp_replicate} x "
+            f"dp_shard={m.dp_shard} x tp={m.tp} = {world}"
+        )
     return world
 
 

@@ -3,6 +3,11 @@ from pathlib import Path
 
 # The test helpers (tests/lab.py, tests/wandb_records.py) import as top-level modules.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lab import LAUNCHERS  # noqa: E402
+
+# In-process composition (tests/test_config.py) needs the launcher plugins too (conf/config.yaml
+# selects hydra/launcher=torchrun).
+sys.path.insert(0, str(LAUNCHERS))
 
 
 def pytest_terminal_summary(terminalreporter):

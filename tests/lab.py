@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# Hydra finds the launcher plugins on the `hydra_plugins` namespace path: put this checkout's first, so
+# a worktree's plugins win over an editable install pointing elsewhere (in a fresh clone they coincide).
+LAUNCHERS = REPO / "launchers"
 
 
 @dataclass
@@ -36,7 +39,8 @@ class LabRun:
 
 def lab_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", **extra)
+    path = [str(LAUNCHERS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(path), **extra)
     return env
 
 

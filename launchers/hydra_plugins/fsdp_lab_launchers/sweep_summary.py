@@ -1,0 +1,57 @@
+"""sweep_summary.json: one row per job, read back from each job's run dir. The launcher writes it
+itself because Hydra skips `on_multirun_end` when a job failed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
+
+from fsdp_lab.sinks.files import read_summary, write_json_atomic
+
+SWEEP_SUMMARY_FILE = "sweep_summary.json"
+
+
+class JobFailed(CompactHydraException):
+    """A sweep job failed; Hydra prints only this message (no traceback) and exits 1."""
+
+
+def job_row(num: int, overrides: Sequence[str], run_dir: Path, *, exited_ok: bool, fallback_error: str,
+            wall_s: float | None = None) -> dict:
+    """The job's status (its process and its summary.json must both say ok) and key metrics."""
+    s = read_summary(run_dir) or {}
+    ok = exited_ok and s.get("status") == "ok"
+    parity, memory, perf = s.get("parity") or {}, s.get("memory") or {}, s.get("perf") or {}
+    return {
+        "job": num, "overrides": list(overrides), "run_dir": str(run_dir),
+        "status": "ok" if ok else "failed", "error": None if ok else (s.get("error") or fallback_error),
+        "wall_s": None if wall_s is None else round(wall_s, 2),
+        "steps": s.get("steps"), "world_size": s.get("world_size"), "device": s.get("device"),
+        "final_loss": s.get("final_loss"), "parity_ok": parity.get("ok"),
+        "max_loss_abs_diff": parity.get("max_loss_abs_diff"), "peak_mib": memory.get("peak_mib"),
+        "step_time_s": perf.get("step_time_s"), "tokens_per_s": perf.get("tokens_per_s"),
+    }
+
+
+def describe(row: dict) -> str:
+    return f"job {row['job']} [{' '.join(row['overrides'])}]"
+
+
+def finish_sweep(sweep_dir: Path, rows: list[dict], returns: list[JobReturn]) -> None:
+    """Write the sweep summary, mark failed returns with a one-line JobFailed each, and say which
+    jobs failed; Hydra's sweeper then raises the first of them, so the command exits non-zero."""
+    write_json_atomic(sweep_dir / SWEEP_SUMMARY_FILE, {"jobs": rows})
+    failed = [row for row in rows if row["status"] != "ok"]
+    for row, ret in zip(rows, returns):
+        if row["status"] == "ok":
+            ret.status = JobStatus.COMPLETED
+        else:
+            ret.status = JobStatus.FAILED
+            ret.return_value = JobFailed(f"error: {describe(row)} failed: {row['error']} (run dir: {row['run_dir']})")
+    print(f"sweep summary: {sweep_dir / SWEEP_SUMMARY_FILE} ({len(rows) - len(failed)} ok, {len(failed)} failed)", flush=True)
+    if failed:
+        names = "; ".join(f"{describe(row)}: {row['error']}" for row in failed)
+        print(f"error: {len(failed)} of {len(rows)} sweep jobs failed: {names}", flush=True, file=sys.stderr)
