@@ -79,6 +79,7 @@ class Reference:
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
+    accumulation: Accumulation
     verdict: ParityVerdict
     param_every: int
     strict: bool
@@ -103,10 +104,10 @@ class Trainer:
 
     def _around_microbatch(self, index: int, count: int) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()
+        if self.comm is not None:  # first, so it also counts the all-gathers an explicit unshard issues
+            stack.enter_context(self.comm.measure())
         if self.accumulation is not None:
             stack.enter_context(self.accumulation.microbatch(index, count))
-        if self.comm is not None:
-            stack.enter_context(self.comm.measure())
         return stack
 
     def _mark(self, step: int, phase: str) -> None:
@@ -164,7 +165,7 @@ class Trainer:
     def _check_parity(self, step: int, batches, loss: float) -> dict[str, float]:
         ref = self.reference
         self.activity = f"step {step + 1}: parity reference step (DDP all-reduce)"
-        ref_loss = self._global_mean(train_step(ref.model, ref.optimizer, batches, unmeasured))
+        ref_loss = self._global_mean(train_step(ref.model, ref.optimizer, batches, unmeasured, ref.accumulation.microbatch))
         out = {"parity/loss_abs_diff": abs(loss - ref_loss)}
         ref.verdict.update_loss(out["parity/loss_abs_diff"])
         if (step + 1) % ref.param_every == 0 or step + 1 == self.train.steps:
@@ -173,6 +174,7 @@ class Trainer:
         if ref.strict and not ref.verdict.ok:
             raise RuntimeError(
                 f"parity drift at step {step + 1}: loss diff {ref.verdict.max_loss_abs_diff:.3g}, param diff "
-                f"{ref.verdict.max_param_abs_diff:.3g} > tolerance {ref.verdict.tolerance:g} (probes.parity.strict=true)"
+                f"{ref.verdict.max_param_abs_diff:.3g} beyond tolerances {ref.verdict.tolerance:g} / "
+                f"{ref.verdict.param_tolerance:g} (probes.parity.strict=true)"
             )
         return out

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from fsdp_lab.accum import Accumulation
-from fsdp_lab.config import RunConfig
+from fsdp_lab.config import AccumConfig, RunConfig
 from fsdp_lab.dist import DistContext, init_distributed, resolve_device_type, set_determinism
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import build_model, count_params
@@ -120,8 +120,11 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step)
     reference = None
     if reference_model is not None:
         ref = apply_ddp(reference_model, dp_mesh, ctx.device)
+        # DDP accumulates the same microbatches, skipping its all-reduce where the policy defers it.
+        ref_sync = "every" if run.train.accum.sync == "every" else "last"
         reference = Reference(
             model=ref, optimizer=build_optimizer(ref.parameters(), run.optim, ctx.device),
+            accumulation=Accumulation(ref, AccumConfig(sync=ref_sync)),
             verdict=ParityVerdict(tolerance=TOLERANCES[_compute_dtype(run)], reference="ddp-fp32"),
             param_every=run.probes.parity.param_every, strict=run.probes.parity.strict,
         )
