@@ -1,0 +1,49 @@
+"""The lab's training step against the hand-written FSDP2 yardstick, on the same GPUs in one
+invocation: `python benchmarks/speed.py [--compile] [extra lab overrides]`.
+
+Runs the lab (`+experiment=bench_llama1b`, probes off, then with the memory probe on for the peak),
+then the yardstick under torchrun, and prints tokens/s, step time, MFU and peak memory side by side."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def lab(overrides: list[str]) -> dict:
+    out = subprocess.run([sys.executable, "-m", "fsdp_lab", "+experiment=bench_llama1b", *overrides],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    run_dir = Path(out.rsplit("run dir: ", 1)[1].strip())
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def main() -> None:
+    compile_ = "--compile" in sys.argv
+    extra = [a for a in sys.argv[1:] if a != "--compile"] + (["model.compile=true"] if compile_ else [])
+    gpus = torch.cuda.device_count()
+    bare = lab(extra)["perf"]
+    with_memory = lab([*extra, "probes.memory.enabled=true"])
+    yard = json.loads(subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", "benchmarks/fsdp2_yardstick.py",
+         *(["--compile"] if compile_ else [])], cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.strip().splitlines()[-1])
+    rows = [
+        ("tokens/s per GPU", bare["tokens_per_s"], yard["tokens_per_s"]),
+        ("step time (s)", bare["step_time_s"], yard["step_time_s"]),
+        ("peak memory (MiB)", with_memory["memory"]["peak_mib"], yard["peak_mib"]),
+    ]
+    print(f"{gpus} GPUs, compile={compile_}, params {yard['params'] / 1e9:.3f}B, lab MFU {bare['mfu']:.3f}, "
+          f"lab with memory probe {with_memory['perf']['tokens_per_s']:.0f} tokens/s")
+    print(f"{'':20} {'lab':>12} {'yardstick':>12} {'lab/yard':>9}")
+    for name, ours, theirs in rows:
+        print(f"{name:20} {ours:12.4g} {theirs:12.4g} {ours / theirs:9.3f}")
+
+
+if __name__ == "__main__":
+    main()
