@@ -60,7 +60,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         print(json.dumps({"step_time_s": step_time, "tokens_per_s": a.batch_size * a.seq_len / step_time,
                           "peak_mib": torch.cuda.max_memory_allocated() / 2**20,
-                          "params": sum(p.numel() for p in model.parameters()) * dist.get_world_size()}), flush=True)
+                          "params": sum(p.numel() for p in model.parameters())}), flush=True)
     dist.destroy_process_group()
 
 

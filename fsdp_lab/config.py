@@ -225,6 +225,8 @@ class TrainConfig:
     """Tokens per sample (transformer); features per sample for MLPs are model.dim."""
     seed: int = 0
     """Seeds the weights (same on every rank) and the data (per step and data-parallel rank)."""
+    deterministic: bool = False
+    """Deterministic GPU kernels (torch.use_deterministic_algorithms): repeatable runs, slower steps."""
     accum: AccumConfig = field(default_factory=AccumConfig)
     """Gradient accumulation over train.microbatches."""
 

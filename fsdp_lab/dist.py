@@ -65,9 +65,10 @@ def init_distributed(device_type: str, timeout_s: int) -> DistContext:
     return DistContext(rank=rank, local_rank=local_rank, world_size=world, device=device)
 
 
-def set_determinism(seed: int) -> None:
-    """Same seed on every rank so model init is identical; deterministic kernels where they exist."""
+def set_determinism(seed: int, deterministic_kernels: bool) -> None:
+    """Same seed on every rank so model init is identical; optionally deterministic GPU kernels,
+    which cost speed (CPU kernels already repeat bit for bit)."""
     torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    if torch.cuda.is_available():
+    if deterministic_kernels:
+        torch.use_deterministic_algorithms(True, warn_only=True)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

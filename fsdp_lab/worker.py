@@ -108,7 +108,7 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
 
 
 def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step) -> Trainer:
-    set_determinism(run.train.seed)
+    set_determinism(run.train.seed, run.train.deterministic)
     mesh, dp_mesh = dims.build_meshes(ctx.device.type)
     model = build_model(run.model, run.train.seed)
     reference_model = copy.deepcopy(model) if run.probes.parity.enabled else None
