@@ -74,7 +74,10 @@ class MeshConfig:
     engine: str = choice("fsdp2", "fsdp2", "fsdp1", "ddp")
     """fsdp2 = fully_shard, fsdp1 = FullyShardedDataParallel, ddp = DistributedDataParallel."""
     world_size: Optional[int] = None
-    """Ranks to spawn when dp_shard=-1; null = one per GPU, or 2 on CPU."""
+    """Ranks to spawn when dp_shard=-1; null = one per GPU, or mesh.cpu_world_size on CPU."""
+    cpu_world_size: int = 2
+    """Ranks to spawn on CPU when world_size is null: 2 is the smallest world that shards; a preset
+    whose mesh needs more (hsdp: 2 x 2) asks for them here without binding the GPU run's size."""
 
 
 @dataclass
@@ -89,9 +92,19 @@ class FSDPConfig:
     cpu_offload: bool = False
     """Keep sharded params, grads and optimizer step on CPU (CPUOffloadPolicy)."""
     forward_prefetch: int = 0
-    """Blocks to all-gather ahead in forward (explicit prefetch); 0 = FSDP's implicit prefetch."""
+    """Blocks to all-gather ahead in forward (explicit prefetch); 0 = FSDP's implicit prefetch.
+    fsdp1 prefetches at most one block: 1 sets its forward_prefetch."""
     backward_prefetch: int = 0
     """Blocks to all-gather ahead in backward (explicit prefetch); 0 = FSDP's implicit prefetch."""
+    sharding_strategy: str = choice(
+        "auto", "auto", "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2"
+    )
+    """fsdp1's ShardingStrategy; auto = from the mesh and reshard_after_forward: hybrid_shard (or
+    hybrid_shard_zero2 without resharding) when mesh.dp_replicate > 1, else full_shard (or shard_grad_op)."""
+    use_orig_params: bool = False
+    """fsdp1: expose the original parameters (views into the flat shard) to the optimizer and the user."""
+    backward_prefetch_policy: str = choice("backward_pre", "backward_pre", "backward_post", "off")
+    """fsdp1's BackwardPrefetch (fsdp2 takes explicit counts: fsdp.backward_prefetch)."""
 
 
 @dataclass

@@ -28,9 +28,9 @@ def resolve_device_type(device: str) -> str:
     return device
 
 
-def default_world_size(device_type: str) -> int:
-    """One rank per GPU; two on CPU, the smallest world that shards."""
-    return torch.cuda.device_count() if device_type == "cuda" else 2
+def default_world_size(device_type: str, cpu_ranks: int) -> int:
+    """One rank per GPU, or `cpu_ranks` on CPU."""
+    return torch.cuda.device_count() if device_type == "cuda" else cpu_ranks
 
 
 @dataclass(frozen=True)

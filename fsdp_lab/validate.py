@@ -28,7 +28,7 @@ def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
 def _world_size(run: RunConfig, device_type: str) -> int:
     if is_rank_process():
         return int(os.environ["WORLD_SIZE"])
-    world = requested_world_size(run.mesh, default_world_size(device_type))
+    world = requested_world_size(run.mesh, default_world_size(device_type, run.mesh.cpu_world_size))
     if device_type == "cuda" and world > torch.cuda.device_count():
         raise ConfigError(f"mesh: world size {world} needs {world} GPUs, but {torch.cuda.device_count()} are visible")
     return world

@@ -1,5 +1,5 @@
 """The orchestrator: parallelize a model in a fixed order — TP, activation checkpointing, compile,
-then data parallelism (FSDP2 or DDP) — each step guarded by the mesh or config and logging one line."""
+then data parallelism (FSDP2, FSDP1 or DDP) — each step guarded by the mesh or config and logging one line."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from torch import nn
 from fsdp_lab.config import RunConfig
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.parallel.ddp import apply_ddp
+from fsdp_lab.parallel.fsdp1 import apply_fsdp1
 from fsdp_lab.parallel.fsdp2 import apply_fsdp2
 from fsdp_lab.parallel.wrap import wrap_units
 
@@ -25,4 +26,6 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh, dp_mesh, run: RunCon
     if run.mesh.engine == "ddp":
         return apply_ddp(model, dp_mesh, device)
     units = wrap_units(model, run.wrap)
+    if run.mesh.engine == "fsdp1":
+        return apply_fsdp1(model, mesh[dims.fsdp_dim_names], units, run.fsdp, device)
     return apply_fsdp2(model, mesh[dims.fsdp_dim_names], units, run.fsdp)

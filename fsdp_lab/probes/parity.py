@@ -1,7 +1,8 @@
 """Numerical parity against a DDP reference, the way PyTorch's FSDP tests check it: the reference is
 a deep copy taken before sharding, trained on the same per-rank data with gradients averaged over
 the same data-parallel group; each step's losses are compared, and every few steps the local shards
-of the parameters are compared with the matching slice of the reference (no all-gather)."""
+of the parameters (DTensor shards, or FSDP1's flat shards) are compared with the matching slice of
+the reference (no all-gather)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+
+from fsdp_lab.probes.flat_shards import flat_shard_pairs, is_fsdp1
 
 # Loss and parameter tolerances by compute dtype: fp32 differs only by reduction order.
 TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 5e-2, torch.float16: 1e-2}
@@ -56,19 +59,27 @@ def unwrap(module: nn.Module) -> nn.Module:
     return getattr(module, "module", module)
 
 
-@torch.no_grad()
-def max_param_abs_diff(model: nn.Module, reference: nn.Module) -> float:
-    """Largest |local shard - reference slice| over all parameters and all ranks."""
-    ref_params = dict(unwrap(reference).named_parameters())
-    worst = torch.zeros((), dtype=torch.float64)
+def _shard_pairs(model: nn.Module, ref_params: dict[str, torch.Tensor]):
+    """(local shard, matching reference slice) for every parameter this rank holds."""
+    if is_fsdp1(model):
+        yield from flat_shard_pairs(model, ref_params)
+        return
     for name, param in unwrap(model).named_parameters():
-        expected = ref_params[name].detach()
+        expected = ref_params[name]
         if isinstance(param, DTensor):
             # Every rank holds the full reference, so each slices locally (src_data_rank=None).
             expected = distribute_tensor(expected, param.device_mesh, param.placements, src_data_rank=None)
-            local, expected = param.to_local(), expected.to_local()
+            yield param.to_local(), expected.to_local()
         else:
-            local = param
+            yield param, expected
+
+
+@torch.no_grad()
+def max_param_abs_diff(model: nn.Module, reference: nn.Module) -> float:
+    """Largest |local shard - reference slice| over all parameters and all ranks."""
+    ref_params = {name: p.detach() for name, p in unwrap(reference).named_parameters()}
+    worst = torch.zeros((), dtype=torch.float64)
+    for local, expected in _shard_pairs(model, ref_params):
         if local.numel():
             diff = (local.detach().double().cpu() - expected.double().cpu()).abs().max()
             worst = torch.maximum(worst, diff)

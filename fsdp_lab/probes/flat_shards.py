@@ -1,0 +1,32 @@
+"""FSDP1's side of the parity check: each FlatParameter's local shard holds pieces of original
+parameters; FSDP1's shard metadata says where each piece sits in the shard and in the parameter, so
+every rank compares its own pieces with the same slices of the reference (no all-gather)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp._common_utils import clean_tensor_name
+
+
+def flat_shard_pairs(model: FSDP, ref_params: dict[str, torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(piece of this rank's flat shard, the matching 1-D slice of the reference parameter)."""
+    for name, module in model.named_modules():
+        handle = module._handle if isinstance(module, FSDP) else None
+        if handle is None:  # an FSDP unit whose parameters all sit in its children
+            continue
+        flat = handle.flat_param  # outside forward/backward: the local shard (padded), or all of it for no_shard
+        for fqn, info in zip(flat._fqns, flat._shard_param_infos):
+            if not info.in_shard:
+                continue
+            full_name = clean_tensor_name(f"{name}.{fqn}" if name else fqn)
+            local = flat[info.offset_in_shard : info.offset_in_shard + info.numel_in_shard]
+            expected = ref_params[full_name].flatten()[info.intra_param_start_idx : info.intra_param_end_idx + 1]
+            yield local, expected
+
+
+def is_fsdp1(model: nn.Module) -> bool:
+    return isinstance(model, FSDP)
