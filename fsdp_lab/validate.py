@@ -8,7 +8,7 @@ import os
 import torch
 from omegaconf import DictConfig
 
-from fsdp_lab.config import ConfigError, MeshConfig, RunConfig, to_run_config
+from fsdp_lab.config import ConfigError, FSDPConfig, MeshConfig, RunConfig, to_run_config
 from fsdp_lab.dist import default_world_size, is_rank_process, resolve_device_type
 from fsdp_lab.mesh import ParallelDims
 
@@ -79,7 +79,72 @@ def _check_accum(run: RunConfig, dims: ParallelDims) -> None:
             raise ConfigError(f"train.accum.{key}={str(value).lower()}: only FSDP2 has it; mesh.engine={run.mesh.engine}")
 
 
+# The engines each fsdp.* knob acts on; any other value than the default with another engine is refused.
+ENGINE_KNOBS = {
+    "reshard_after_forward": ("fsdp2", "fsdp1"),
+    "param_dtype": ("fsdp2", "fsdp1"),
+    "reduce_dtype": ("fsdp2", "fsdp1"),
+    "cpu_offload": ("fsdp2", "fsdp1"),
+    "forward_prefetch": ("fsdp2", "fsdp1"),
+    "backward_prefetch": ("fsdp2",),
+    "sharding_strategy": ("fsdp1",),
+    "use_orig_params": ("fsdp1",),
+    "backward_prefetch_policy": ("fsdp1",),
+}
+HYBRID = ("hybrid_shard", "hybrid_shard_zero2")
+
+
+def _show(value) -> str:
+    """A value as it is written in an override."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else str(value)
+
+
+def _check_engine(run: RunConfig, dims: ParallelDims) -> None:
+    engine, f = run.mesh.engine, run.fsdp
+    defaults = FSDPConfig()
+    for key, engines in ENGINE_KNOBS.items():
+        value = getattr(f, key)
+        if engine not in engines and value != getattr(defaults, key):
+            raise ConfigError(f"fsdp.{key}={_show(value)}: applies to mesh.engine={'|'.join(engines)}, not mesh.engine={engine}")
+    if engine == "fsdp1":
+        _check_fsdp1(run, dims)
+
+
+def _check_fsdp1(run: RunConfig, dims: ParallelDims) -> None:
+    f, strategy = run.fsdp, run.fsdp.sharding_strategy
+    for key in ("pp", "tp"):
+        if getattr(dims, key) > 1:
+            raise ConfigError(f"mesh.{key}={getattr(dims, key)} with mesh.engine=fsdp1: fsdp1 runs on data-parallel meshes only; allowed: mesh.engine=fsdp2")
+    if not isinstance(f.reshard_after_forward, bool):
+        raise ConfigError(f"fsdp.reshard_after_forward={f.reshard_after_forward} with mesh.engine=fsdp1: allowed are true, false")
+    if not f.reshard_after_forward and strategy in ("full_shard", "hybrid_shard"):
+        raise ConfigError(
+            f"fsdp.reshard_after_forward=false with fsdp.sharding_strategy={strategy}: {strategy} reshards after "
+            "forward; allowed: sharding_strategy=auto|shard_grad_op|hybrid_shard_zero2|no_shard"
+        )
+    if f.forward_prefetch > 1:
+        raise ConfigError(f"fsdp.forward_prefetch={f.forward_prefetch} with mesh.engine=fsdp1: fsdp1 prefetches one unit; allowed: 0, 1")
+    if strategy in HYBRID and dims.dp_replicate == 1:
+        raise ConfigError(f"fsdp.sharding_strategy={strategy}: needs mesh.dp_replicate > 1 (e.g. mesh=hsdp), got mesh.dp_replicate=1")
+    if strategy not in HYBRID + ("auto",) and dims.dp_replicate > 1:
+        raise ConfigError(
+            f"fsdp.sharding_strategy={strategy} with mesh.dp_replicate={dims.dp_replicate}: a replicated mesh "
+            "takes auto, hybrid_shard or hybrid_shard_zero2"
+        )
+    if dims.dp_replicate > 1 and dims.dp_shard == 1:
+        # FSDP1 turns a 1-rank shard group into NO_SHARD over that group: the replicas would never sync.
+        raise ConfigError(
+            f"mesh.dp_shard=1 with mesh.dp_replicate={dims.dp_replicate} and mesh.engine=fsdp1: fsdp1 cannot "
+            "replicate without sharding; allowed: mesh.dp_shard >= 2, or mesh.engine=fsdp2|ddp"
+        )
+    if run.model.compile and not f.use_orig_params:
+        raise ConfigError("model.compile=true with mesh.engine=fsdp1: needs fsdp.use_orig_params=true")
+
+
 def _check_fsdp(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
+    _check_engine(run, dims)
     f = run.fsdp
     raf = f.reshard_after_forward
     if not isinstance(raf, bool):

@@ -113,6 +113,8 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step)
     model = build_model(run.model, run.train.seed)
     reference_model = copy.deepcopy(model) if run.probes.parity.enabled else None
     n_params = count_params(model)
+    # Before parallelizing: FSDP1 swaps the parameters for flat shards, which would undercount.
+    flops_per_token = model.flops_per_token(run.train.seq_len)
     model = parallelize(model, dims, mesh, dp_mesh, run, ctx.device)
     optimizer = build_optimizer(model.parameters(), run.optim, ctx.device)
     if ctx.is_main:
@@ -134,7 +136,7 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step)
     if run.probes.perf.enabled:
         throughput = Throughput(
             tokens_per_step=dims.dp * run.train.batch_size * unwrapped.tokens_per_sample(seq),
-            world_size=dims.world_size, flops_per_token=unwrapped.flops_per_token(seq),
+            world_size=dims.world_size, flops_per_token=flops_per_token,
             device=ctx.device, warmup_steps=run.probes.perf.warmup_steps,
         )
     memory = PhaseMemory(ctx.device, model, optimizer) if run.probes.memory.enabled else None
