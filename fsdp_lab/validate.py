@@ -101,7 +101,7 @@ def _show(value) -> str:
     return "null" if value is None else str(value)
 
 
-def _check_engine(run: RunConfig, dims: ParallelDims) -> None:
+def _check_engine(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     engine, f = run.mesh.engine, run.fsdp
     defaults = FSDPConfig()
     for key, engines in ENGINE_KNOBS.items():
@@ -109,10 +109,10 @@ def _check_engine(run: RunConfig, dims: ParallelDims) -> None:
         if engine not in engines and value != getattr(defaults, key):
             raise ConfigError(f"fsdp.{key}={_show(value)}: applies to mesh.engine={'|'.join(engines)}, not mesh.engine={engine}")
     if engine == "fsdp1":
-        _check_fsdp1(run, dims)
+        _check_fsdp1(run, dims, device_type)
 
 
-def _check_fsdp1(run: RunConfig, dims: ParallelDims) -> None:
+def _check_fsdp1(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     f, strategy = run.fsdp, run.fsdp.sharding_strategy
     for key in ("pp", "tp"):
         if getattr(dims, key) > 1:
@@ -139,12 +139,14 @@ def _check_fsdp1(run: RunConfig, dims: ParallelDims) -> None:
             f"mesh.dp_shard=1 with mesh.dp_replicate={dims.dp_replicate} and mesh.engine=fsdp1: fsdp1 cannot "
             "replicate without sharding; allowed: mesh.dp_shard >= 2, or mesh.engine=fsdp2|ddp"
         )
+    if f.cpu_offload and device_type == "cpu":
+        raise ConfigError("fsdp.cpu_offload=true with mesh.engine=fsdp1 on CPU: FSDP1's CPUOffload needs an accelerator; allowed: false")
     if run.model.compile and not f.use_orig_params:
         raise ConfigError("model.compile=true with mesh.engine=fsdp1: needs fsdp.use_orig_params=true")
 
 
 def _check_fsdp(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
-    _check_engine(run, dims)
+    _check_engine(run, dims, device_type)
     f = run.fsdp
     raf = f.reshard_after_forward
     if not isinstance(raf, bool):
