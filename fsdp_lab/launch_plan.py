@@ -33,7 +33,7 @@ def cluster_world_size(cfg: DictConfig, *, gpus_per_node: int | None, nodes: int
     world (dp_shard=-1, no mesh.world_size) gets every GPU requested, or the CPU default."""
     run = to_run_config(task_config(cfg))
     m = run.mesh
-    world = requested_world_size(m, gpus_per_node * nodes if gpus_per_node else default_world_size("cpu"))
+    world = requested_world_size(m, gpus_per_node * nodes if gpus_per_node else default_world_size("cpu", m.cpu_world_size))
     dims = ParallelDims.resolve(pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, world_size=world)
     check_run(run, dims, "cuda" if gpus_per_node else "cpu")
     return world

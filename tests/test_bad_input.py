@@ -34,6 +34,9 @@ CATALOGUE = [
     ("fsdp.param_dtype=float16", "error: fsdp.param_dtype=float16: not supported on CPU; allowed here: float32, bfloat16, null"),
     ("fsdp.param_dtype=int8", "error: fsdp.param_dtype=int8: allowed are float32, bfloat16, float16, float64"),
     ("wrap=linear model.tie_embeddings=true", "error: wrap.policy=linear with model.tie_embeddings=true: the tied weight would sit in two FSDP units; allowed: wrap.policy=block|root|size"),
+    ("mesh=ddp fsdp.cpu_offload=true", "error: fsdp.cpu_offload=true: applies to mesh.engine=fsdp2|fsdp1, not mesh.engine=ddp"),
+    ("mesh.engine=fsdp1 fsdp.sharding_strategy=hybrid_shard", "error: fsdp.sharding_strategy=hybrid_shard: needs mesh.dp_replicate > 1 (e.g. mesh=hsdp), got mesh.dp_replicate=1"),
+    ("mesh=hsdp mesh.engine=fsdp1 fsdp.reshard_after_forward=2", "error: fsdp.reshard_after_forward=2 with mesh.engine=fsdp1: allowed are true, false"),
     ("fault.kill_rank=5 fault.at_step=1", "error: fault.kill_rank=5: must be a rank in 0..1"),
     ("fault.kill_rank=1", "error: fault.kill_rank and fault.at_step: set both or neither"),
 ]
