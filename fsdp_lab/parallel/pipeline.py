@@ -155,7 +155,7 @@ def build_pipeline(
     else:
         schedule = schedule_cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
     log.info(
-        "pp: %s, %d stages of %d layers, this rank's stages %s, %d microbatches",
+        "pp: %s, %d stages x %d layers, this rank's stages %s, %d microbatches",
         mesh_cfg.pp_schedule, n_stages, per_stage, stage_ids, n_microbatches,
     )
     return PipelinedModel(local, schedule, pp_group=group, has_first=0 in stage_ids, has_last=n_stages - 1 in stage_ids)
