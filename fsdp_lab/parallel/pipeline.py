@@ -144,7 +144,7 @@ def build_pipeline(
         return stage_cls(model, layer_ids, whole, first=0 in stage_ids, last=n_stages - 1 in stage_ids, seq_len=seq_len)
 
     stage_ids = [pp_rank + k * pp for k in range(per_rank)]
-    local = make(stage_ids)  # built before the stages are parallelized: the same submodules, renamed
+    local = make(stage_ids)  # all of this rank's layers in one module; the stages below share them
     group = pp_mesh.get_group()
     stages = [
         PipelineStage(parallelize_stage(make([s])), s, n_stages, device, group=group) for s in stage_ids
