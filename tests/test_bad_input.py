@@ -34,6 +34,10 @@ CATALOGUE = [
     ("fsdp.param_dtype=float16", "error: fsdp.param_dtype=float16: not supported on CPU; allowed here: float32, bfloat16, null"),
     ("fsdp.param_dtype=int8", "error: fsdp.param_dtype=int8: allowed are float32, bfloat16, float16, float64"),
     ("wrap=linear model.tie_embeddings=true", "error: wrap.policy=linear with model.tie_embeddings=true: the tied weight would sit in two FSDP units; allowed: wrap.policy=block|root|size"),
+    ("mesh=tp2d model.n_heads=8 mesh.tp=3 mesh.world_size=3", "error: mesh.tp=3: must divide model.n_heads=8 (each rank computes whole heads of model.dim=64 = 8 heads x 8)"),
+    ("mesh=nd model.n_layers=3", "error: model.n_layers=3: must be a multiple of the pipeline stages, mesh.pp=2 x 1 stages per rank (mesh.pp_stages_per_rank) = 2"),
+    ("mesh=nd model=mlp", "error: mesh.pp=2: model.name=mlp cannot be split into stages; allowed: mlp_stack, transformer"),
+    ("mesh=nd mesh.pp_schedule=1f1b", "error: train.microbatches=1: mesh.pp_schedule=1f1b needs >= mesh.pp=2 microbatches"),
     ("fault.kill_rank=5 fault.at_step=1", "error: fault.kill_rank=5: must be a rank in 0..1"),
     ("fault.kill_rank=1", "error: fault.kill_rank and fault.at_step: set both or neither"),
 ]

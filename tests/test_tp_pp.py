@@ -100,11 +100,15 @@ def prepare_with(*overrides: str):
          "train.microbatches=5: mesh.pp_schedule=interleaved_1f1b needs a multiple of its rounds, max(1, 5 // mesh.pp=2) = 2"),
         (("mesh=nd", "mesh.tp=1", "mesh.world_size=4", "model.tie_embeddings=true"),
          "model.tie_embeddings=true with mesh.pp=2: the first and last stages would share a weight"),
+        (("mesh=nd", "train.accum.sync=last"),
+         "train.accum.sync=last, reshard_after_backward=true, explicit_unshard=false with mesh.pp=2: the pipeline schedule sets"),
         (("mesh=nd", "mesh.engine=ddp", "mesh.tp=1", "mesh.world_size=4"),
          "mesh.engine=ddp with mesh.pp=2: pipeline parallelism composes with mesh.engine=fsdp2 only"),
     ],
 )
+@pytest.mark.bad_input
 def test_shapes_that_cannot_be_split_are_refused_naming_every_factor(overrides, message):
+    # In-process (fast); tests/test_bad_input.py runs a few of these through the command line.
     with pytest.raises(ConfigError) as refused:
         prepare_with(*overrides)
     assert str(refused.value).startswith(message)
@@ -117,12 +121,3 @@ def test_presets_compose_to_runnable_meshes():
     run, dims = prepare_with("mesh=nd")
     assert dims.as_dict() == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 2}
     assert run.mesh.pp_schedule == "gpipe"
-
-
-def test_refusal_on_the_command_line_is_one_line_and_exit_2(tmp_path):
-    result = run_lab("mesh=nd", "model.n_layers=3", "logger=none", run_dir=tmp_path / "run", timeout=120)
-    assert result.returncode == 2
-    assert result.error_lines == [
-        "error: model.n_layers=3: must be a multiple of the pipeline stages, mesh.pp=2 x 1 stages per rank (mesh.pp_stages_per_rank) = 2"
-    ]
-    assert not (tmp_path / "run").exists()
