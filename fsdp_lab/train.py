@@ -75,9 +75,8 @@ def train_step(
     microbatch's forward+backward runs in (gradient accumulation policy, collective counting)."""
     mark("start")
     if isinstance(model, PipelinedModel):
-        # The schedule interleaves the microbatches' forwards and backwards: one context around all.
-        with around_microbatch(0, 1) if around_microbatch else contextlib.nullcontext():
-            total = model.forward_backward(batches)
+        # The schedule interleaves the microbatches' forwards and backwards and sets gradient sync itself.
+        total = model.forward_backward(batches)
         mark("after_bwd")
     else:
         total = forward_backward(model, batches, mark, around_microbatch)

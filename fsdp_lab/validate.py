@@ -138,6 +138,11 @@ def _check_pp(run: RunConfig, dims: ParallelDims) -> None:
         raise ConfigError(f"mesh.pp={pp}: model.name={model.name} cannot be split into stages; allowed: {', '.join(sorted(STAGE_TYPES))}")
     if model.tie_embeddings:
         raise ConfigError(f"model.tie_embeddings=true with mesh.pp={pp}: the first and last stages would share a weight; allowed: model.tie_embeddings=false")
+    if run.probes.comm.enabled:
+        raise ConfigError(
+            f"probes.comm.enabled=true with mesh.pp={pp}: CommDebugMode's autograd hooks cannot follow a pipeline "
+            "schedule; allowed: probes.comm.enabled=false"
+        )
     a = run.train.accum
     if (a.sync, a.reshard_after_backward, a.explicit_unshard) != ("every", True, False):
         raise ConfigError(

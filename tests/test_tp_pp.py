@@ -100,6 +100,7 @@ def prepare_with(*overrides: str):
          "train.microbatches=5: mesh.pp_schedule=interleaved_1f1b needs a multiple of its rounds, max(1, 5 // mesh.pp=2) = 2"),
         (("mesh=nd", "mesh.tp=1", "mesh.world_size=4", "model.tie_embeddings=true"),
          "model.tie_embeddings=true with mesh.pp=2: the first and last stages would share a weight"),
+        (("mesh=nd", "probes.comm.enabled=true"), "probes.comm.enabled=true with mesh.pp=2: CommDebugMode's autograd hooks"),
         (("mesh=nd", "train.accum.sync=last"),
          "train.accum.sync=last, reshard_after_backward=true, explicit_unshard=false with mesh.pp=2: the pipeline schedule sets"),
         (("mesh=nd", "mesh.engine=ddp", "mesh.tp=1", "mesh.world_size=4"),
