@@ -56,6 +56,7 @@ def test_tp2d_transformer_with_sequence_parallel_and_odd_ffn_matches_ddp(tmp_pat
                               "train.microbatches=2"), 8,
          {"pp": 2, "dp_shard": 2, "tp": 2}, "4 stages x 1 layers, this rank's stages [0, 2], 2 microbatches"),
     ],
+    ids=["gpipe-pp2", "1f1b-pp2xtp2-mlp_stack", "interleaved_1f1b-pp2xdp2xtp2"],
 )
 def test_pipeline_schedule_matches_unpipelined_ddp(tmp_path, schedule, overrides, world_size, mesh, stages_line):
     steps = 3
@@ -75,38 +76,38 @@ def prepare_with(*overrides: str):
         return prepare(compose(config_name="config", overrides=list(overrides)))
 
 
-@pytest.mark.parametrize(
-    "overrides,message",
-    [
-        (("mesh=tp2d", "mesh.tp=4", "mesh.world_size=8", "model.dim=48", "model.n_heads=6"),
-         "mesh.tp=4: must divide model.n_heads=6 (each rank computes whole heads of model.dim=48 = 6 heads x 8)"),
-        (("mesh=tp2d", "model=convnet"), "mesh.tp=2: model.name=convnet has no tensor-parallel plan; allowed: mlp, mlp_stack, transformer"),
-        (("mesh=tp2d", "mesh.engine=ddp"), "mesh.engine=ddp with mesh.tp=2: tensor parallelism composes with mesh.engine=fsdp2 only"),
-        (("mesh=tp2d", "model.tie_embeddings=true"), "model.tie_embeddings=true with mesh.tp=2: the embedding and the output"),
-        (("mesh=tp2d", "mesh.sequence_parallel=true", "train.seq_len=33"),
-         "mesh.tp=2 with mesh.sequence_parallel=true: must divide train.seq_len=33"),
-        (("mesh=tp2d", "mesh.sequence_parallel=true", "model=mlp_stack"),
-         "mesh.sequence_parallel=true: model.name=mlp_stack has no sequence dimension"),
-        (("mesh=nd", "model=mlp"), "mesh.pp=2: model.name=mlp cannot be split into stages; allowed: mlp_stack, transformer"),
-        (("mesh=nd", "model.n_layers=3"),
-         "model.n_layers=3: must be a multiple of the pipeline stages, mesh.pp=2 x 1 stages per rank (mesh.pp_stages_per_rank) = 2"),
-        (("mesh=nd", "mesh.pp_schedule=interleaved_1f1b", "model.n_layers=6"),
-         "model.n_layers=6: must be a multiple of the pipeline stages, mesh.pp=2 x 2 stages per rank (mesh.pp_stages_per_rank) = 4"),
-        (("mesh=nd", "mesh.pp_schedule=interleaved_1f1b", "mesh.pp_stages_per_rank=1"),
-         "mesh.pp_stages_per_rank=1: mesh.pp_schedule=interleaved_1f1b needs >= 2 stages per rank"),
-        (("mesh=nd", "mesh.pp_stages_per_rank=2"), "mesh.pp_stages_per_rank=2: mesh.pp_schedule=gpipe runs one stage per rank"),
-        (("mesh=nd", "mesh.pp_schedule=1f1b"), "train.microbatches=1: mesh.pp_schedule=1f1b needs >= mesh.pp=2 microbatches"),
-        (("mesh=nd", "mesh.pp_schedule=interleaved_1f1b", "model.n_layers=4", "train.batch_size=5", "train.microbatches=5"),
-         "train.microbatches=5: mesh.pp_schedule=interleaved_1f1b needs a multiple of its rounds, max(1, 5 // mesh.pp=2) = 2"),
-        (("mesh=nd", "mesh.tp=1", "mesh.world_size=4", "model.tie_embeddings=true"),
-         "model.tie_embeddings=true with mesh.pp=2: the first and last stages would share a weight"),
-        (("mesh=nd", "probes.comm.enabled=true"), "probes.comm.enabled=true with mesh.pp=2: CommDebugMode's autograd hooks"),
-        (("mesh=nd", "train.accum.sync=last"),
-         "train.accum.sync=last, reshard_after_backward=true, explicit_unshard=false with mesh.pp=2: the pipeline schedule sets"),
-        (("mesh=nd", "mesh.engine=ddp", "mesh.tp=1", "mesh.world_size=4"),
-         "mesh.engine=ddp with mesh.pp=2: pipeline parallelism composes with mesh.engine=fsdp2 only"),
-    ],
-)
+REFUSALS = [
+    (("mesh=tp2d", "mesh.tp=4", "mesh.world_size=8", "model.dim=48", "model.n_heads=6"),
+     "mesh.tp=4: must divide model.n_heads=6 (each rank computes whole heads of model.dim=48 = 6 heads x 8)"),
+    (("mesh=tp2d", "model=convnet"), "mesh.tp=2: model.name=convnet has no tensor-parallel plan; allowed: mlp, mlp_stack, transformer"),
+    (("mesh=tp2d", "mesh.engine=ddp"), "mesh.engine=ddp with mesh.tp=2: tensor parallelism composes with mesh.engine=fsdp2 only"),
+    (("mesh=tp2d", "model.tie_embeddings=true"), "model.tie_embeddings=true with mesh.tp=2: the embedding and the output"),
+    (("mesh=tp2d", "mesh.sequence_parallel=true", "train.seq_len=33"),
+     "mesh.tp=2 with mesh.sequence_parallel=true: must divide train.seq_len=33"),
+    (("mesh=tp2d", "mesh.sequence_parallel=true", "model=mlp_stack"),
+     "mesh.sequence_parallel=true: model.name=mlp_stack has no sequence dimension"),
+    (("mesh=nd", "model=mlp"), "mesh.pp=2: model.name=mlp cannot be split into stages; allowed: mlp_stack, transformer"),
+    (("mesh=nd", "model.n_layers=3"),
+     "model.n_layers=3: must be a multiple of the pipeline stages, mesh.pp=2 x 1 stages per rank (mesh.pp_stages_per_rank) = 2"),
+    (("mesh=nd", "mesh.pp_schedule=interleaved_1f1b", "model.n_layers=6"),
+     "model.n_layers=6: must be a multiple of the pipeline stages, mesh.pp=2 x 2 stages per rank (mesh.pp_stages_per_rank) = 4"),
+    (("mesh=nd", "mesh.pp_schedule=interleaved_1f1b", "mesh.pp_stages_per_rank=1"),
+     "mesh.pp_stages_per_rank=1: mesh.pp_schedule=interleaved_1f1b needs >= 2 stages per rank"),
+    (("mesh=nd", "mesh.pp_stages_per_rank=2"), "mesh.pp_stages_per_rank=2: mesh.pp_schedule=gpipe runs one stage per rank"),
+    (("mesh=nd", "mesh.pp_schedule=1f1b"), "train.microbatches=1: mesh.pp_schedule=1f1b needs >= mesh.pp=2 microbatches"),
+    (("mesh=nd", "mesh.pp_schedule=interleaved_1f1b", "model.n_layers=4", "train.batch_size=5", "train.microbatches=5"),
+     "train.microbatches=5: mesh.pp_schedule=interleaved_1f1b needs a multiple of its rounds, max(1, 5 // mesh.pp=2) = 2"),
+    (("mesh=nd", "mesh.tp=1", "mesh.world_size=4", "model.tie_embeddings=true"),
+     "model.tie_embeddings=true with mesh.pp=2: the first and last stages would share a weight"),
+    (("mesh=nd", "probes.comm.enabled=true"), "probes.comm.enabled=true with mesh.pp=2: CommDebugMode's autograd hooks"),
+    (("mesh=nd", "train.accum.sync=last"),
+     "train.accum.sync=last, reshard_after_backward=true, explicit_unshard=false with mesh.pp=2: the pipeline schedule sets"),
+    (("mesh=nd", "mesh.engine=ddp", "mesh.tp=1", "mesh.world_size=4"),
+     "mesh.engine=ddp with mesh.pp=2: pipeline parallelism composes with mesh.engine=fsdp2 only"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", REFUSALS, ids=[" ".join(o) for o, _ in REFUSALS])
 @pytest.mark.bad_input
 def test_shapes_that_cannot_be_split_are_refused_naming_every_factor(overrides, message):
     # In-process (fast); tests/test_bad_input.py runs a few of these through the command line.
