@@ -73,6 +73,12 @@ class MeshConfig:
     """Tensor-parallel degree."""
     engine: str = choice("fsdp2", "fsdp2", "fsdp1", "ddp")
     """fsdp2 = fully_shard, fsdp1 = FullyShardedDataParallel, ddp = DistributedDataParallel."""
+    sequence_parallel: bool = False
+    """With mesh.tp > 1 (transformer): norms and residual activations sharded along the sequence."""
+    pp_schedule: str = choice("1f1b", "gpipe", "1f1b", "interleaved_1f1b")
+    """Pipeline schedule when mesh.pp > 1; its microbatches are train.microbatches."""
+    pp_stages_per_rank: Optional[int] = None
+    """Pipeline stages each pp rank holds; null = 1, or 2 for interleaved_1f1b (which needs >= 2)."""
     world_size: Optional[int] = None
     """Ranks to spawn when dp_shard=-1; null = one per GPU, or mesh.cpu_world_size on CPU."""
     cpu_world_size: int = 2

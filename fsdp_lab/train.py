@@ -19,6 +19,7 @@ from torch import nn
 from fsdp_lab.accum import Accumulation
 from fsdp_lab.config import FaultConfig, TrainConfig
 from fsdp_lab.data import microbatches
+from fsdp_lab.parallel.pipeline import PipelinedModel
 from fsdp_lab.probes.comm import CommCounter
 from fsdp_lab.probes.memory import PhaseMemory
 from fsdp_lab.probes.parity import ParityVerdict, max_param_abs_diff, unwrap
@@ -46,16 +47,10 @@ def unmeasured(phase: str) -> None:
     """The phase marker of steps nobody measures (the parity reference's)."""
 
 
-def train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batches, mark: Callable[[str], None],
-    around_microbatch: Callable[[int, int], contextlib.AbstractContextManager] | None = None,
+def forward_backward(
+    model: nn.Module, batches, mark: Callable[[str], None],
+    around_microbatch: Callable[[int, int], contextlib.AbstractContextManager] | None,
 ) -> torch.Tensor:
-    """One optimizer step over the microbatches; returns this rank's mean loss (detached).
-
-    Each microbatch's loss is divided by their number, so the accumulated gradient equals that of
-    one pass over the whole batch. `around_microbatch(index, count)` gives the context each
-    microbatch's forward+backward runs in (gradient accumulation policy, collective counting)."""
-    mark("start")
     total = torch.zeros((), device=batches[0][1].device)
     for i, (inputs, targets) in enumerate(batches):
         with around_microbatch(i, len(batches)) if around_microbatch else contextlib.nullcontext():
@@ -66,6 +61,25 @@ def train_step(
             loss.backward()
             mark("after_bwd")
         total += loss.detach()
+    return total
+
+
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batches, mark: Callable[[str], None],
+    around_microbatch: Callable[[int, int], contextlib.AbstractContextManager] | None = None,
+) -> torch.Tensor:
+    """One optimizer step over the microbatches; returns this rank's mean loss (detached).
+
+    Each microbatch's loss is divided by their number, so the accumulated gradient equals that of
+    one pass over the whole batch. `around_microbatch(index, count)` gives the context each
+    microbatch's forward+backward runs in (gradient accumulation policy, collective counting)."""
+    mark("start")
+    if isinstance(model, PipelinedModel):
+        # The schedule interleaves the microbatches' forwards and backwards and sets gradient sync itself.
+        total = model.forward_backward(batches)
+        mark("after_bwd")
+    else:
+        total = forward_backward(model, batches, mark, around_microbatch)
     optimizer.step()
     mark("after_step")
     optimizer.zero_grad(set_to_none=True)

@@ -11,6 +11,8 @@ from omegaconf import DictConfig
 from fsdp_lab.config import ConfigError, FSDPConfig, MeshConfig, RunConfig, to_run_config
 from fsdp_lab.dist import default_world_size, is_rank_process, resolve_device_type
 from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.parallel.pipeline import MULTI_STAGE_SCHEDULES, STAGE_TYPES, stages_per_rank
+from fsdp_lab.parallel.tp import TP_PLANS
 
 
 def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
@@ -59,6 +61,8 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
         raise ConfigError(f"model.n_heads={run.model.n_heads}: must divide model.dim={run.model.dim}")
     _check_fsdp(run, dims, device_type)
     _check_accum(run, dims)
+    _check_tp(run, dims)
+    _check_pp(run, dims)
     f = run.fault
     if f.kill_rank is not None and not 0 <= f.kill_rank < dims.world_size:
         raise ConfigError(f"fault.kill_rank={f.kill_rank}: must be a rank in 0..{dims.world_size - 1}")
@@ -163,4 +167,75 @@ def _check_fsdp(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
         raise ConfigError(
             "wrap.policy=linear with model.tie_embeddings=true: the tied weight would sit in two FSDP units; "
             "allowed: wrap.policy=block|root|size"
+        )
+
+
+def _check_tp(run: RunConfig, dims: ParallelDims) -> None:
+    tp, model = dims.tp, run.model
+    if not dims.tp_enabled:
+        return
+    if run.mesh.engine != "fsdp2":
+        raise ConfigError(f"mesh.engine={run.mesh.engine} with mesh.tp={tp}: tensor parallelism composes with mesh.engine=fsdp2 only")
+    if model.name not in TP_PLANS:
+        raise ConfigError(f"mesh.tp={tp}: model.name={model.name} has no tensor-parallel plan; allowed: {', '.join(sorted(TP_PLANS))}")
+    if model.name == "transformer" and model.n_heads % tp:
+        raise ConfigError(
+            f"mesh.tp={tp}: must divide model.n_heads={model.n_heads} (each rank computes whole heads of "
+            f"model.dim={model.dim} = {model.n_heads} heads x {model.dim // model.n_heads})"
+        )
+    if model.tie_embeddings:
+        raise ConfigError(
+            f"model.tie_embeddings=true with mesh.tp={tp}: the embedding and the output would each distribute the "
+            "shared weight, untying it; allowed: model.tie_embeddings=false"
+        )
+    if run.mesh.sequence_parallel:
+        if model.name != "transformer":
+            raise ConfigError(f"mesh.sequence_parallel=true: model.name={model.name} has no sequence dimension; allowed with model.name=transformer")
+        if run.train.seq_len % tp:
+            raise ConfigError(f"mesh.tp={tp} with mesh.sequence_parallel=true: must divide train.seq_len={run.train.seq_len}")
+
+
+def _check_pp(run: RunConfig, dims: ParallelDims) -> None:
+    pp, model, m, n_mb = dims.pp, run.model, run.mesh, run.train.microbatches
+    if not dims.pp_enabled:
+        return
+    if m.engine != "fsdp2":
+        raise ConfigError(f"mesh.engine={m.engine} with mesh.pp={pp}: pipeline parallelism composes with mesh.engine=fsdp2 only")
+    if model.name not in STAGE_TYPES:
+        raise ConfigError(f"mesh.pp={pp}: model.name={model.name} cannot be split into stages; allowed: {', '.join(sorted(STAGE_TYPES))}")
+    if model.tie_embeddings:
+        raise ConfigError(f"model.tie_embeddings=true with mesh.pp={pp}: the first and last stages would share a weight; allowed: model.tie_embeddings=false")
+    if run.probes.comm.enabled:
+        raise ConfigError(
+            f"probes.comm.enabled=true with mesh.pp={pp}: CommDebugMode's autograd hooks cannot follow a pipeline "
+            "schedule; allowed: probes.comm.enabled=false"
+        )
+    a = run.train.accum
+    if (a.sync, a.reshard_after_backward, a.explicit_unshard) != ("every", True, False):
+        raise ConfigError(
+            f"train.accum.sync={a.sync}, reshard_after_backward={str(a.reshard_after_backward).lower()}, "
+            f"explicit_unshard={str(a.explicit_unshard).lower()} with mesh.pp={pp}: the pipeline schedule sets "
+            "gradient sync and resharding itself (it reduces after the last microbatch); allowed: the defaults"
+        )
+    per_rank = stages_per_rank(m)
+    multi = m.pp_schedule in MULTI_STAGE_SCHEDULES
+    if multi and per_rank < 2:
+        raise ConfigError(f"mesh.pp_stages_per_rank={per_rank}: mesh.pp_schedule={m.pp_schedule} needs >= 2 stages per rank")
+    if not multi and per_rank != 1:
+        raise ConfigError(
+            f"mesh.pp_stages_per_rank={per_rank}: mesh.pp_schedule={m.pp_schedule} runs one stage per rank; "
+            "allowed: 1, null, or mesh.pp_schedule=interleaved_1f1b"
+        )
+    if model.n_layers % (pp * per_rank):
+        raise ConfigError(
+            f"model.n_layers={model.n_layers}: must be a multiple of the pipeline stages, "
+            f"mesh.pp={pp} x {per_rank} stages per rank (mesh.pp_stages_per_rank) = {pp * per_rank}"
+        )
+    if m.pp_schedule == "1f1b" and n_mb < pp:
+        raise ConfigError(f"train.microbatches={n_mb}: mesh.pp_schedule=1f1b needs >= mesh.pp={pp} microbatches")
+    rounds = max(1, n_mb // pp)
+    if multi and n_mb % rounds:
+        raise ConfigError(
+            f"train.microbatches={n_mb}: mesh.pp_schedule={m.pp_schedule} needs a multiple of its rounds, "
+            f"max(1, {n_mb} // mesh.pp={pp}) = {rounds}"
         )

@@ -37,6 +37,10 @@ CATALOGUE = [
     ("mesh=ddp fsdp.cpu_offload=true", "error: fsdp.cpu_offload=true: applies to mesh.engine=fsdp2|fsdp1, not mesh.engine=ddp"),
     ("mesh.engine=fsdp1 fsdp.sharding_strategy=hybrid_shard", "error: fsdp.sharding_strategy=hybrid_shard: needs mesh.dp_replicate > 1 (e.g. mesh=hsdp), got mesh.dp_replicate=1"),
     ("mesh=hsdp mesh.engine=fsdp1 fsdp.reshard_after_forward=2", "error: fsdp.reshard_after_forward=2 with mesh.engine=fsdp1: allowed are true, false"),
+    ("mesh=tp2d model.n_heads=8 mesh.tp=3 mesh.world_size=3", "error: mesh.tp=3: must divide model.n_heads=8 (each rank computes whole heads of model.dim=64 = 8 heads x 8)"),
+    ("mesh=nd model.n_layers=3", "error: model.n_layers=3: must be a multiple of the pipeline stages, mesh.pp=2 x 1 stages per rank (mesh.pp_stages_per_rank) = 2"),
+    ("mesh=nd model=mlp", "error: mesh.pp=2: model.name=mlp cannot be split into stages; allowed: mlp_stack, transformer"),
+    ("mesh=nd mesh.pp_schedule=1f1b", "error: train.microbatches=1: mesh.pp_schedule=1f1b needs >= mesh.pp=2 microbatches"),
     ("fault.kill_rank=5 fault.at_step=1", "error: fault.kill_rank=5: must be a rank in 0..1"),
     ("fault.kill_rank=1", "error: fault.kill_rank and fault.at_step: set both or neither"),
 ]

@@ -13,12 +13,16 @@ from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.parallel.ddp import apply_ddp
 from fsdp_lab.parallel.fsdp1 import apply_fsdp1
 from fsdp_lab.parallel.fsdp2 import apply_fsdp2
+from fsdp_lab.parallel.tp import apply_tp
 from fsdp_lab.parallel.wrap import wrap_units
 
 log = logging.getLogger(__name__)
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, mesh, dp_mesh, run: RunConfig, device: torch.device) -> nn.Module:
+    """A whole model, or one pipeline stage of it (parallel/pipeline.py calls this per stage)."""
+    if dims.tp_enabled:
+        apply_tp(model, mesh["tp"], run.model.name, run.mesh.sequence_parallel)
     if run.model.compile:
         for block in model.blocks:
             block.compile()

@@ -1,0 +1,161 @@
+"""Pipeline parallelism with torch.distributed.pipelining.
+
+The model's layers are split into `pp x stages_per_rank` consecutive stages; each pp rank keeps
+only its own (the first stage also holds the embeddings, the last the final norm, the output and
+the loss) and parallelizes each like a whole model (TP, FSDP2 over dp). A schedule (gpipe, 1f1b,
+interleaved_1f1b) runs `train.microbatches` microbatches through them. Interleaved ranks hold
+stages r, r + pp, r + 2pp, ... ("loop" placement), so activations go round the ranks several times.
+
+Stage modules keep the full model's parameter names (`layers.5.attention.wq.weight`), so the parity
+probe compares them with the unsplit reference directly."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from fsdp_lab.config import MeshConfig, ModelConfig
+from fsdp_lab.models import build_model
+from fsdp_lab.models.transformer import rotary_cos_sin
+
+log = logging.getLogger(__name__)
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
+MULTI_STAGE_SCHEDULES = ("interleaved_1f1b",)
+
+
+def stages_per_rank(mesh: MeshConfig) -> int:
+    if mesh.pp_stages_per_rank is not None:
+        return mesh.pp_stages_per_rank
+    return 2 if mesh.pp_schedule in MULTI_STAGE_SCHEDULES else 1
+
+
+class _Stage(nn.Module):
+    """Some of a model's layers, under the model's names, with `blocks` (for wrapping and TP) and the
+    data and throughput helpers of the whole model, which `whole` (weightless, on meta) provides."""
+
+    def __init__(self, model: nn.Module, layer_ids: list[int], whole: nn.Module):
+        super().__init__()
+        self.layers = nn.ModuleDict({str(i): model.layers[i] for i in layer_ids})
+        object.__setattr__(self, "whole", whole)  # not a submodule: its meta parameters are no one's to train
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return list(self.layers.values())
+
+    def synthetic_batch(self, generator: torch.Generator, batch_size: int, seq_len: int):
+        return self.whole.synthetic_batch(generator, batch_size, seq_len)
+
+    def tokens_per_sample(self, seq_len: int) -> int:
+        return self.whole.tokens_per_sample(seq_len)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        return self.whole.flops_per_token(seq_len)
+
+
+class TransformerStage(_Stage):
+    def __init__(self, model: nn.Module, layer_ids: list[int], whole: nn.Module, first: bool, last: bool, seq_len: int):
+        super().__init__(model, layer_ids, whole)
+        self.tok_embeddings = model.tok_embeddings if first else None
+        self.norm = model.norm if last else None
+        self.output = model.output if last else None
+        self.head_dim, self.seq_len = model.head_dim, seq_len
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.tok_embeddings is not None:
+            h = self.tok_embeddings(h)
+        # From the configured length, not h: with sequence parallelism a stage receives only its shard.
+        cos, sin = rotary_cos_sin(self.seq_len, self.head_dim, h.device)
+        for layer in self.blocks:
+            h = layer(h, cos, sin)
+        if self.output is not None:
+            h = self.output(self.norm(h))
+        return h
+
+
+class MLPStackStage(_Stage):
+    def __init__(self, model: nn.Module, layer_ids: list[int], whole: nn.Module, first: bool, last: bool, seq_len: int):
+        super().__init__(model, layer_ids, whole)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.blocks:
+            x = layer(x)
+        return x
+
+
+STAGE_TYPES = {"transformer": TransformerStage, "mlp_stack": MLPStackStage}
+
+
+class PipelinedModel(nn.Module):
+    """This pp rank's share of the model and the schedule that runs it.
+
+    `module` holds every layer of this rank's stages under the full model's names (for the
+    optimizer, checkpoints and parity, as DDP's `module` does); the stages are views of it."""
+
+    def __init__(self, module: nn.Module, schedule, *, pp_group, has_first: bool, has_last: bool):
+        super().__init__()
+        self.module = module
+        self.schedule = schedule
+        self.pp_group, self.has_first, self.has_last = pp_group, has_first, has_last
+
+    def forward_backward(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Forward and backward of every microbatch through the schedule; returns this data-parallel
+        rank's mean loss on every pp rank (the last stage computes it, the others receive it).
+
+        The schedule divides the accumulated gradients by the number of microbatches, so they equal
+        one pass over the whole batch, as in the unpipelined step."""
+        inputs = torch.cat([x for x, _ in batches])
+        targets = torch.cat([y for _, y in batches])
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first else ()
+        self.schedule.step(*args, target=targets if self.has_last else None, losses=losses, return_outputs=False)
+        if self.has_last:
+            loss = torch.stack([l.detach().float() for l in losses]).mean()
+        else:
+            loss = torch.zeros((), device=inputs.device)
+        dist.all_reduce(loss, group=self.pp_group)  # a sum with one non-zero term: a broadcast from the last stage
+        return loss
+
+    def forward(self, *args):
+        raise RuntimeError("a pipelined model runs through its schedule: call forward_backward(batches)")
+
+
+def build_pipeline(
+    model: nn.Module, *, model_cfg: ModelConfig, mesh_cfg: MeshConfig, pp_mesh, n_microbatches: int, seq_len: int,
+    device: torch.device, loss_fn: Callable, parallelize_stage: Callable[[nn.Module], nn.Module],
+) -> PipelinedModel:
+    """Split `model` into this pp rank's stages, parallelize each, and schedule them."""
+    pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
+    per_rank = stages_per_rank(mesh_cfg)
+    n_stages = pp * per_rank
+    per_stage = len(model.layers) // n_stages
+    stage_cls = STAGE_TYPES[model_cfg.name]
+
+    with torch.device("meta"):
+        whole = build_model(model_cfg, seed=0)
+
+    def make(stage_ids: list[int]) -> nn.Module:
+        layer_ids = [i for s in stage_ids for i in range(s * per_stage, (s + 1) * per_stage)]
+        return stage_cls(model, layer_ids, whole, first=0 in stage_ids, last=n_stages - 1 in stage_ids, seq_len=seq_len)
+
+    stage_ids = [pp_rank + k * pp for k in range(per_rank)]
+    local = make(stage_ids)  # all of this rank's layers in one module; the stages below share them
+    group = pp_mesh.get_group()
+    stages = [
+        PipelineStage(parallelize_stage(make([s])), s, n_stages, device, group=group) for s in stage_ids
+    ]
+    schedule_cls = SCHEDULES[mesh_cfg.pp_schedule]
+    if mesh_cfg.pp_schedule in MULTI_STAGE_SCHEDULES:
+        schedule = schedule_cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+    else:
+        schedule = schedule_cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
+    log.info(
+        "pp: %s, %d stages x %d layers, this rank's stages %s, %d microbatches",
+        mesh_cfg.pp_schedule, n_stages, per_stage, stage_ids, n_microbatches,
+    )
+    return PipelinedModel(local, schedule, pp_group=group, has_first=0 in stage_ids, has_last=n_stages - 1 in stage_ids)
