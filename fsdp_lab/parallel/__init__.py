@@ -10,6 +10,7 @@ from torch import nn
 
 from fsdp_lab.config import RunConfig
 from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.parallel.ac import apply_ac
 from fsdp_lab.parallel.ddp import apply_ddp
 from fsdp_lab.parallel.fsdp2 import apply_fsdp2
 from fsdp_lab.parallel.wrap import wrap_units
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, mesh, dp_mesh, run: RunConfig, device: torch.device) -> nn.Module:
+    apply_ac(model, run.ac)
     if run.model.compile:
         for block in model.blocks:
             block.compile()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 # Loss and parameter tolerances by compute dtype: fp32 differs only by reduction order.
@@ -55,7 +56,8 @@ def max_param_abs_diff(model: nn.Module, reference: nn.Module) -> float:
     ref_params = dict(unwrap(reference).named_parameters())
     worst = torch.zeros((), dtype=torch.float64)
     for name, param in unwrap(model).named_parameters():
-        expected = ref_params[name].detach()
+        # An activation-checkpoint wrapper adds a level to the name the reference does not have.
+        expected = ref_params[name.replace(_CHECKPOINT_PREFIX, "")].detach()
         if isinstance(param, DTensor):
             # Every rank holds the full reference, so each slices locally (src_data_rank=None).
             expected = distribute_tensor(expected, param.device_mesh, param.placements, src_data_rank=None)
