@@ -42,6 +42,10 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be resumed from; the message says which and why."""
 
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"checkpoint {path}: {reason}")
+        self.reason = reason
+
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
@@ -59,22 +63,20 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 def verify(path: Path) -> dict:
     """The checkpoint's meta.json after checking that every file it lists is there, whole."""
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path}: no such directory")
+        raise CheckpointError(path, "no such directory")
     meta_path = path / META_FILE
     if not meta_path.exists():
-        raise CheckpointError(
-            f"checkpoint {path} is incomplete: it has no {META_FILE}, which is written only once a save has finished"
-        )
+        raise CheckpointError(path, f"incomplete: it has no {META_FILE}, which is written only once a save has finished")
     try:
         meta = json.loads(meta_path.read_text())
     except ValueError as e:
-        raise CheckpointError(f"checkpoint {path} is corrupt: {META_FILE} is not valid JSON ({e})") from None
+        raise CheckpointError(path, f"corrupt: {META_FILE} is not valid JSON ({e})") from None
     for name, size in meta["manifest"].items():
         file = path / name
         if not file.exists():
-            raise CheckpointError(f"checkpoint {path} is corrupt: {name} is missing")
+            raise CheckpointError(path, f"corrupt: {name} is missing")
         if file.stat().st_size != size:
-            raise CheckpointError(f"checkpoint {path} is corrupt: {name} has {file.stat().st_size} bytes, expected {size}")
+            raise CheckpointError(path, f"corrupt: {name} has {file.stat().st_size} bytes, expected {size}")
     return meta
 
 
@@ -139,7 +141,7 @@ class Checkpointer:
         try:
             dcp.load(state, checkpoint_id=str(path), process_group=self.group)
         except Exception as e:
-            raise CheckpointError(f"checkpoint {path} could not be loaded: {type(e).__name__}: {e}") from e
+            raise CheckpointError(path, f"could not be loaded: {type(e).__name__}: {e}") from e
 
     # ---- saving -------------------------------------------------------------------------------
 
@@ -240,11 +242,9 @@ class Checkpointer:
         model = asdict(self.run.model)
         if meta["model"] != model:
             diff = {k: (meta["model"].get(k), v) for k, v in model.items() if meta["model"].get(k) != v}
-            raise CheckpointError(f"checkpoint {path} was saved for another model: (saved, now) = {diff}")
+            raise CheckpointError(path, f"saved for another model: (saved, now) = {diff}")
         if meta["data"]["seed"] != self.run.train.seed:
-            raise CheckpointError(
-                f"checkpoint {path} was saved with train.seed={meta['data']['seed']}, this run has {self.run.train.seed}"
-            )
+            raise CheckpointError(path, f"saved with train.seed={meta['data']['seed']}, this run has {self.run.train.seed}")
 
     def summary(self) -> dict:
         return {

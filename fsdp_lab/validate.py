@@ -133,4 +133,4 @@ def _check_checkpoint(run: RunConfig) -> None:
         try:
             verify(Path(c.resume))
         except CheckpointError as e:
-            raise ConfigError(f"checkpoint.resume={c.resume}: {e}; allowed: auto, null, or a complete checkpoint") from None
+            raise ConfigError(f"checkpoint.resume={c.resume}: {e.reason}; allowed: auto, null, or a complete checkpoint") from None
