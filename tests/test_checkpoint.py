@@ -83,7 +83,7 @@ def test_killed_rank_is_restarted_and_the_run_ends_as_if_uninterrupted(uninterru
         f"train.steps={STEPS}", "checkpoint.resume=auto", "checkpoint.keep=1", "launch.max_restarts=1",
         "fault.kill_rank=1", "fault.at_step=4", run_dir=tmp_path / "run",
     ))
-    assert "resumed from" in result.stdout and result.summary["checkpoint"]["resumed_from"].endswith(step_dir_name(3))
+    assert "checkpoint: resumed from" in result.stderr and result.summary["checkpoint"]["resumed_from"].endswith(step_dir_name(3))
     assert [r["step"] for r in result.metrics] == list(range(1, STEPS + 1)), "the repeated step is written once"
     assert losses(result) == losses(uninterrupted)
     assert [p.name for p in complete_checkpoints(result.run_dir)] == [step_dir_name(STEPS)], "checkpoint.keep=1"
