@@ -21,8 +21,8 @@ from ac_matrix import IMPLS, MODES, variants
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("ac") / "matrix.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "ac_matrix", str(out)]
-    proc = subprocess.run(cmd, cwd=REPO / "tests", capture_output=True, text=True, timeout=600, env=lab_env(PYTHONPATH=str(REPO)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "tests.ac_matrix", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=lab_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -63,7 +63,7 @@ def test_checkpointing_saves_memory_under_ddp_and_cpu_offload_too(matrix):
 def test_cli_run_with_selective_op_ac_on_the_default_transformer(tmp_path):
     result = run_lab("ac=selective", "ac.selective=op", "ac.impl=wrapper", "train.steps=3", "logger=none", run_dir=tmp_path / "run")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "ac: mode=selective impl=wrapper on 1 of 2 blocks, selective=op" in result.stdout
+    assert "ac: mode=selective impl=wrapper on 1 of 2 blocks, selective=op" in result.stderr
     s = result.summary
     assert s["parity"]["ok"] and s["parity"]["max_param_abs_diff"] <= 1e-5
 
