@@ -130,9 +130,13 @@ class ACConfig:
     impl: str = choice("composable", "composable", "utils", "wrapper")
     """checkpoint() from _composable, torch.utils.checkpoint, or checkpoint_wrapper."""
     every: int = 2
-    """For mode=selective: checkpoint every k-th block."""
+    """For mode=selective: checkpoint every k-th block (1 = all of them)."""
+    selective: str = choice("layer", "layer", "op")
+    """For mode=selective: layer = the chosen blocks recompute everything; op = they keep their matmul
+    outputs and recompute the rest (an op-level selective checkpointing policy)."""
     reentrant: bool = False
-    """For impl=utils/wrapper: the reentrant variant of torch.utils.checkpoint."""
+    """For impl=utils/wrapper with mode=full or selective=layer: the reentrant variant of
+    torch.utils.checkpoint."""
 
 
 @dataclass
@@ -263,7 +267,11 @@ class FaultConfig:
     kill_rank: Optional[int] = None
     """Rank that dies at fault.at_step (for testing recovery)."""
     at_step: Optional[int] = None
-    """Step at which fault.kill_rank dies."""
+    """Steps done when fault.kill_rank dies: at the start of the next step, or while saving this step's
+    checkpoint (fault.phase=save). Only the first attempt of a restarted run dies."""
+    phase: str = choice("step", "step", "save")
+    """step = dies before step at_step+1; save = dies after writing the shards of the checkpoint of
+    step at_step, before it is made visible (for testing atomicity)."""
     kind: str = choice("kill", "kill", "raise", "hang")
     """kill = SIGKILL (a hard crash), raise = an exception in the rank, hang = the rank stops
     calling collectives, so its peers time out (after launch.timeout_s)."""

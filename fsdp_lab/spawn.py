@@ -38,6 +38,9 @@ def spawn_ranks(run: RunConfig, dims: ParallelDims, run_dir: Path) -> None:
     n = dims.world_size
     # One thread per rank share of the cores; also silences elastic's warning about the default.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    # Ranks of a restarted attempt get a fresh store: the agent's shared rendezvous store keeps the
+    # killed attempt's keys, and a new rank could read a dead peer's gloo address from it.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=run_dir.name,
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=run.launch.max_restarts,

@@ -112,6 +112,7 @@ class Trainer:
         self.memory, self.throughput, self.reference = memory, throughput, reference
         self.on_step = on_step
         self.accumulation, self.comm = accumulation, comm
+        self.checkpointer = None  # a fsdp_lab.checkpoint.Checkpointer, set when checkpoint=dcp
         self.last_loss: float | None = None
         self.peak_mib = 0.0
         self.activity = "setup"
@@ -142,19 +143,22 @@ class Trainer:
         dist.all_reduce(value, op=dist.ReduceOp.SUM, group=self.dp_group)
         return value.item() / dist.get_world_size(self.dp_group)
 
-    def _inject_fault(self, step: int) -> None:
-        if self.fault.kill_rank != self.rank or self.fault.at_step != step:
+    def inject_fault(self, step: int, phase: str) -> None:
+        f = self.fault
+        if f.kill_rank != self.rank or f.at_step != step or f.phase != phase:
             return
-        if self.fault.kind == "raise":
-            raise RuntimeError(f"injected fault: rank {self.rank} raised at step {step}")
-        if self.fault.kind == "hang":
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            return  # a restarted attempt must be able to get past the fault
+        if f.kind == "raise":
+            raise RuntimeError(f"injected fault: rank {self.rank} raised at step {step}" + (" while saving" if phase == "save" else ""))
+        if f.kind == "hang":
             while True:
                 time.sleep(60)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def run(self, start_step: int = 0) -> None:
         for step in range(start_step, self.train.steps):
-            self._inject_fault(step)
+            self.inject_fault(step, "step")
             batches = self._batches(step)
             t0 = time.perf_counter()
             mark = functools.partial(self._mark, step)
@@ -175,6 +179,10 @@ class Trainer:
                 row.update(self._check_parity(step, batches, loss))
             self.last_loss = loss
             self.on_step(row)
+            if self.checkpointer is not None:
+                self.checkpointer.after_step(step + 1)
+        if self.checkpointer is not None:
+            self.checkpointer.finish()
 
     def _check_parity(self, step: int, batches, loss: float) -> dict[str, float]:
         ref = self.reference

@@ -4,10 +4,12 @@ the key, the value and what is allowed. Grow this file with every new knob."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
+from fsdp_lab.checkpoint import CheckpointError, verify
 from fsdp_lab.config import ConfigError, FSDPConfig, MeshConfig, RunConfig, to_run_config
 from fsdp_lab.dist import default_world_size, is_rank_process, resolve_device_type
 from fsdp_lab.mesh import ParallelDims
@@ -63,6 +65,8 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     _check_accum(run, dims)
     _check_tp(run, dims)
     _check_pp(run, dims)
+    _check_ac(run)
+    _check_checkpoint(run)
     f = run.fault
     if f.kill_rank is not None and not 0 <= f.kill_rank < dims.world_size:
         raise ConfigError(f"fault.kill_rank={f.kill_rank}: must be a rank in 0..{dims.world_size - 1}")
@@ -239,3 +243,34 @@ def _check_pp(run: RunConfig, dims: ParallelDims) -> None:
             f"train.microbatches={n_mb}: mesh.pp_schedule={m.pp_schedule} needs a multiple of its rounds, "
             f"max(1, {n_mb} // mesh.pp={pp}) = {rounds}"
         )
+def _check_ac(run: RunConfig) -> None:
+    ac = run.ac
+    if ac.mode == "selective" and ac.every < 1:
+        raise ConfigError(f"ac.every={ac.every}: must be >= 1")
+    if not ac.reentrant:
+        return
+    if ac.impl == "composable":
+        raise ConfigError("ac.reentrant=true: the composable checkpoint is non-reentrant only; allowed with ac.impl=utils|wrapper")
+    if ac.mode not in ("full", "selective") or (ac.mode == "selective" and ac.selective == "op"):
+        raise ConfigError(
+            f"ac.reentrant=true: only checkpointing that recomputes whole blocks has a reentrant variant "
+            f"(ac=full, or ac=selective with ac.selective=layer), not ac.mode={ac.mode}"
+            + (f" with ac.selective={ac.selective}" if ac.mode == "selective" else "")
+        )
+    if run.model.name == "mlp_stack":
+        raise ConfigError(
+            "ac.reentrant=true with model=mlp_stack: its first block takes the raw inputs, which need no "
+            "gradient, so reentrant checkpointing would drop that block's gradients; allowed: ac.reentrant=false"
+        )
+
+
+def _check_checkpoint(run: RunConfig) -> None:
+    c = run.checkpoint
+    for key in ("interval", "keep"):
+        if getattr(c, key) < 1:
+            raise ConfigError(f"checkpoint.{key}={getattr(c, key)}: must be >= 1")
+    if c.resume not in (None, "auto"):
+        try:
+            verify(Path(c.resume))
+        except CheckpointError as e:
+            raise ConfigError(f"checkpoint.resume={c.resume}: {e.reason}; allowed: auto, null, or a complete checkpoint") from None

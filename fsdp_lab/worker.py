@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from fsdp_lab.accum import Accumulation
+from fsdp_lab.checkpoint import Checkpointer, resolve_resume, verify
 from fsdp_lab.config import AccumConfig, RunConfig
 from fsdp_lab.dist import DistContext, init_distributed, resolve_device_type, set_determinism
 from fsdp_lab.mesh import ParallelDims
@@ -32,7 +33,7 @@ from fsdp_lab.probes.comm import CommCounter
 from fsdp_lab.probes.memory import PHASES, PhaseMemory
 from fsdp_lab.probes.parity import TOLERANCES, ParityVerdict
 from fsdp_lab.probes.perf import Throughput
-from fsdp_lab.sinks.files import MetricsFile, write_summary
+from fsdp_lab.sinks.files import MetricsFile, keep_metrics_through, write_summary
 from fsdp_lab.sinks.wandb_sink import WandbSink
 from fsdp_lab.train import Reference, Trainer, loss_fn
 
@@ -81,12 +82,16 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
     sinks: _RankZeroSinks | None = None
     trainer: Trainer | None = None
     try:
+        resume_from = resolve_resume(run.checkpoint.resume, run_path)
+        start_step = verify(resume_from)["step"] if resume_from else 0
         if ctx.is_main:
-            sinks = _RankZeroSinks(run, run_path, dims, ctx)
+            sinks = _RankZeroSinks(run, run_path, dims, ctx, start_step)
         trainer = build_trainer(run, dims, ctx, on_step=sinks.on_step if sinks else lambda row: None)
-        trainer.run()
+        checkpointer = _attach_checkpointer(run, run_path, trainer, ctx, resume_from)
+        trainer.run(start_step)
         summary.update(status="ok", steps=run.train.steps, final_loss=trainer.last_loss)
         summary.update(_probe_summaries(run, trainer))
+        summary["checkpoint"] = checkpointer.summary() if checkpointer else None
         if ctx.is_main:
             print(f"done: {run.train.steps} steps, final loss {trainer.last_loss:.6f}", flush=True)
     except BaseException as e:
@@ -168,6 +173,18 @@ def _memory_probe(run: RunConfig, dims: ParallelDims, ctx: DistContext, model, o
     return PhaseMemory(ctx.device, model, optimizer)
 
 
+def _attach_checkpointer(run: RunConfig, run_dir: Path, trainer: Trainer, ctx: DistContext, resume_from: Path | None):
+    """Restore the trainer from `resume_from`, and let it save checkpoints when checkpoint=dcp."""
+    if run.checkpoint.kind == "none" and resume_from is None:
+        return None
+    checkpointer = Checkpointer(run, run_dir, trainer, ctx.rank, fault_point=trainer.inject_fault)
+    if resume_from is not None:
+        checkpointer.load(resume_from)
+    if run.checkpoint.kind == "dcp":
+        trainer.checkpointer = checkpointer
+    return checkpointer
+
+
 def _probe_summaries(run: RunConfig, trainer: Trainer) -> dict:
     out: dict = {"parity": {"enabled": False}, "memory": None, "perf": None}
     if trainer.reference is not None:
@@ -183,9 +200,11 @@ def _probe_summaries(run: RunConfig, trainer: Trainer) -> dict:
 class _RankZeroSinks:
     """metrics.jsonl, W&B and the progress line: rank 0 only."""
 
-    def __init__(self, run: RunConfig, run_dir: Path, dims: ParallelDims, ctx: DistContext):
-        self.run, self.steps_done = run, 0
-        self.metrics = MetricsFile(run_dir, append=False)
+    def __init__(self, run: RunConfig, run_dir: Path, dims: ParallelDims, ctx: DistContext, start_step: int):
+        self.run, self.steps_done = run, start_step
+        if start_step:  # resumed: continue the file, without the rows this run computes again
+            keep_metrics_through(run_dir, start_step)
+        self.metrics = MetricsFile(run_dir, append=start_step > 0)
         self.wandb = None
         if run.logger.kind == "wandb":
             self.wandb = WandbSink(

@@ -10,6 +10,7 @@ from torch import nn
 
 from fsdp_lab.config import RunConfig
 from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.parallel.ac import apply_ac
 from fsdp_lab.parallel.ddp import apply_ddp
 from fsdp_lab.parallel.fsdp1 import apply_fsdp1
 from fsdp_lab.parallel.fsdp2 import apply_fsdp2
@@ -23,6 +24,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh, dp_mesh, run: RunCon
     """A whole model, or one pipeline stage of it (parallel/pipeline.py calls this per stage)."""
     if dims.tp_enabled:
         apply_tp(model, mesh["tp"], run.model.name, run.mesh.sequence_parallel)
+    apply_ac(model, run.ac)
     if run.model.compile:
         for block in model.blocks:
             block.compile()

@@ -27,7 +27,8 @@ def apply_fsdp2(model: nn.Module, mesh, units: list[nn.Module], cfg: FSDPConfig)
         ),
     )
     if cfg.cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+        # Pinned host memory needs an accelerator; on a CPU-only machine the params are plain CPU memory.
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from fsdp_lab.probes.flat_shards import flat_shard_pairs, is_fsdp1
@@ -65,7 +66,8 @@ def _shard_pairs(model: nn.Module, ref_params: dict[str, torch.Tensor]):
         yield from flat_shard_pairs(model, ref_params)
         return
     for name, param in unwrap(model).named_parameters():
-        expected = ref_params[name]
+        # An activation-checkpoint wrapper adds a level to the name the reference does not have.
+        expected = ref_params[name.replace(_CHECKPOINT_PREFIX, "")]
         if isinstance(param, DTensor):
             # Every rank holds the full reference, so each slices locally (src_data_rank=None).
             expected = distribute_tensor(expected, param.device_mesh, param.placements, src_data_rank=None)

@@ -33,6 +33,17 @@ class MetricsFile:
             self._file.close()
 
 
+def keep_metrics_through(run_dir: Path, step: int) -> None:
+    """Drop the rows after `step`: a run resumed from `step` computes them again."""
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines(keepends=True) if json.loads(line)["step"] <= step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -1,0 +1,253 @@
+"""DCP checkpoints of a run: model + optimizer (+ the parity reference) as sharded state dicts, the
+step, the RNG states and the data position, saved every `checkpoint.interval` steps and at the end.
+
+Layout, under `<run dir>/checkpoints/`:
+    step_00000010/           a complete checkpoint: DCP's shards and `.metadata`, `rng/rank<R>.pt`,
+                             and `meta.json`, written last (step, loss, config, a manifest of files)
+    .partial-step_00000020/  a save in progress, or one a crash interrupted: never resumed from
+
+A save writes into the partial directory and renames it once every rank has finished, so a crash
+leaves the previous checkpoint as the newest complete one. A checkpoint whose manifest does not
+match its files (truncated, missing) is refused with an error naming what is wrong."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from fsdp_lab.config import CheckpointConfig, RunConfig
+from fsdp_lab.sinks.files import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS_DIR = "checkpoints"
+META_FILE = "meta.json"
+PARTIAL_PREFIX = ".partial-"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed from; the message says which and why."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"checkpoint {path}: {reason}")
+        self.reason = reason
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Published checkpoints of `run_dir`, oldest first (a partial save is never listed)."""
+    root = run_dir / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def verify(path: Path) -> dict:
+    """The checkpoint's meta.json after checking that every file it lists is there, whole."""
+    if not path.is_dir():
+        raise CheckpointError(path, "no such directory")
+    meta_path = path / META_FILE
+    if not meta_path.exists():
+        raise CheckpointError(path, f"incomplete: it has no {META_FILE}, which is written only once a save has finished")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except ValueError as e:
+        raise CheckpointError(path, f"corrupt: {META_FILE} is not valid JSON ({e})") from None
+    for name, size in meta["manifest"].items():
+        file = path / name
+        if not file.exists():
+            raise CheckpointError(path, f"corrupt: {name} is missing")
+        if file.stat().st_size != size:
+            raise CheckpointError(path, f"corrupt: {name} has {file.stat().st_size} bytes, expected {size}")
+    return meta
+
+
+def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from: none, the newest complete one of `run_dir` (auto), or a PATH."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        found = complete_checkpoints(run_dir)
+        return found[-1] if found else None
+    return Path(resume)
+
+
+def _manifest(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _rng_state() -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+@dataclass
+class _PendingSave:
+    step: int
+    partial: Path
+    meta: dict
+    future: Future | None  # async_save's; None once a blocking save has returned
+
+
+class Checkpointer:
+    """Saves and restores a Trainer's state; every rank calls every method (they are collective)."""
+
+    def __init__(self, run: RunConfig, run_dir: Path, trainer, rank: int, fault_point: Callable[[int, str], None]):
+        self.cfg: CheckpointConfig = run.checkpoint
+        self.run, self.trainer, self.rank = run, trainer, rank
+        self.root = run_dir / CHECKPOINTS_DIR
+        self.fault_point = fault_point
+        # Its own gloo group: async saves run collectives from a background thread, and DCP needs
+        # a CPU backend for them even when training uses NCCL.
+        self.group = dist.new_group(backend="gloo")
+        self.pending: _PendingSave | None = None
+        self.resumed_from: Path | None = None
+        self.last_saved: Path | None = None
+
+    def _state_dict(self) -> dict:
+        t = self.trainer
+        state = dict(zip(("model", "optim"), get_state_dict(t.model, t.optimizer)))
+        if t.reference is not None:
+            state.update(zip(("ref_model", "ref_optim"), get_state_dict(t.reference.model, t.reference.optimizer)))
+        return state
+
+    def _dcp_load(self, state: dict, path: Path) -> None:
+        try:
+            dcp.load(state, checkpoint_id=str(path), process_group=self.group)
+        except Exception as e:
+            raise CheckpointError(path, f"could not be loaded: {type(e).__name__}: {e}") from e
+
+    # ---- saving -------------------------------------------------------------------------------
+
+    def after_step(self, step: int) -> None:
+        if step % self.cfg.interval == 0 or step == self.run.train.steps:
+            self.save(step)
+
+    def save(self, step: int) -> None:
+        self.finish()
+        partial = self.root / f"{PARTIAL_PREFIX}{step_dir_name(step)}"
+        if self.rank == 0:
+            # Leftovers of saves a crash interrupted; no save is in flight now.
+            for stale in self.root.glob(f"{PARTIAL_PREFIX}*"):
+                shutil.rmtree(stale)
+            (partial / "rng").mkdir(parents=True)
+        dist.barrier(group=self.group)
+        torch.save(_rng_state(), partial / "rng" / f"rank{self.rank}.pt")
+        state = self._state_dict()
+        meta = self._meta(step)
+        if self.cfg.async_save:
+            future = dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group)
+            self.pending = _PendingSave(step, partial, meta, future)
+        else:
+            dcp.save(state, checkpoint_id=str(partial), process_group=self.group)
+            self.pending = _PendingSave(step, partial, meta, None)
+            self.finish()
+
+    def finish(self) -> None:
+        """Wait for the save in flight, then make it visible: every rank's files first, then meta.json
+        and the rename, so a crash at any point leaves only the previous checkpoint visible."""
+        if self.pending is None:
+            return
+        pending, self.pending = self.pending, None
+        if pending.future is not None:
+            pending.future.result()
+        dist.barrier(group=self.group)
+        self.fault_point(pending.step, "save")
+        dist.barrier(group=self.group)
+        final = self.root / step_dir_name(pending.step)
+        if self.rank == 0:
+            write_json_atomic(pending.partial / META_FILE, {**pending.meta, "manifest": _manifest(pending.partial)})
+            if final.exists():  # the same step saved again after a resume
+                shutil.rmtree(final)
+            os.replace(pending.partial, final)
+            for old in complete_checkpoints(self.root.parent)[: -self.cfg.keep]:
+                shutil.rmtree(old)
+            log.info("checkpoint: step %d saved to %s", pending.step, final)
+        self.last_saved = final
+
+    def _meta(self, step: int) -> dict:
+        t = self.trainer
+        ref = t.reference
+        return {
+            "step": step,
+            "loss": t.last_loss,
+            "time": time.time(),
+            "world_size": dist.get_world_size(),
+            "mesh": asdict(self.run.mesh),
+            "model": asdict(self.run.model),
+            "data": {"seed": self.run.train.seed, "next_step": step},
+            "reference": ref is not None,
+            "parity": {"max_loss_abs_diff": ref.verdict.max_loss_abs_diff, "max_param_abs_diff": ref.verdict.max_param_abs_diff}
+            if ref is not None else None,
+        }
+
+    # ---- resuming -----------------------------------------------------------------------------
+
+    def load(self, path: Path) -> int:
+        """Restore the trainer from `path` (DCP reshards to this run's mesh); returns its step."""
+        meta = verify(path)
+        self._check_compatible(path, meta)
+        t = self.trainer
+        state = self._state_dict()
+        if t.reference is not None and not meta["reference"]:
+            # Saved without a parity reference: the reference starts again from the model's state.
+            seed = {"model": state.pop("ref_model"), "optim": state.pop("ref_optim")}
+            self._dcp_load(seed, path)
+            state.update(ref_model=seed["model"], ref_optim=seed["optim"])
+        self._dcp_load(state, path)
+        set_state_dict(t.model, t.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if t.reference is not None:
+            set_state_dict(t.reference.model, t.reference.optimizer, model_state_dict=state["ref_model"], optim_state_dict=state["ref_optim"])
+            if meta["parity"] is not None:
+                t.reference.verdict.update_loss(meta["parity"]["max_loss_abs_diff"])
+                t.reference.verdict.update_params(meta["parity"]["max_param_abs_diff"])
+        rng = path / "rng" / f"rank{self.rank}.pt"
+        if meta["world_size"] == dist.get_world_size():
+            _set_rng_state(torch.load(rng, weights_only=True))
+        elif self.rank == 0:
+            log.info("checkpoint: saved on %d ranks, resumed on %d: RNG states not restored", meta["world_size"], dist.get_world_size())
+        t.last_loss = meta["loss"]
+        self.resumed_from = path
+        if self.rank == 0:
+            log.info("checkpoint: resumed from %s at step %d", path, meta["step"])
+        return meta["step"]
+
+    def _check_compatible(self, path: Path, meta: dict) -> None:
+        model = asdict(self.run.model)
+        if meta["model"] != model:
+            diff = {k: (meta["model"].get(k), v) for k, v in model.items() if meta["model"].get(k) != v}
+            raise CheckpointError(path, f"saved for another model: (saved, now) = {diff}")
+        if meta["data"]["seed"] != self.run.train.seed:
+            raise CheckpointError(path, f"saved with train.seed={meta['data']['seed']}, this run has {self.run.train.seed}")
+
+    def summary(self) -> dict:
+        return {
+            "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+            "last_saved": str(self.last_saved) if self.last_saved else None,
+        }
