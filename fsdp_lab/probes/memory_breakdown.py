@@ -119,12 +119,10 @@ class ModuleBreakdown:
 
 def categories(report: dict) -> list[str]:
     """Categories that hold memory somewhere in the report, in the tracker's order."""
-    seen: dict[str, bool] = {}
-    for source in [report, *(p for m in report["modules"] for p in (m.get("forward"), m.get("backward")) if p)]:
-        key = "peak_categories_mib" if source is report else "categories_mib"
-        for name, mib in source[key].items():
-            seen[name] = seen.get(name, False) or mib > 0
-    return [name for name, used in seen.items() if used]
+    snapshots = [report["peak_categories_mib"]]
+    snapshots += [m[phase]["categories_mib"] for m in report["modules"] for phase in ("forward", "backward") if phase in m]
+    names = dict.fromkeys(name for snapshot in snapshots for name in snapshot)
+    return [name for name in names if any(snapshot.get(name, 0) > 0 for snapshot in snapshots)]
 
 
 def table_rows(report: dict) -> tuple[list[str], list[list]]:
