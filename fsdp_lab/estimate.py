@@ -28,7 +28,8 @@ from fsdp_lab.probes.memory import PhaseMemory
 from fsdp_lab.probes.memory_breakdown import ModuleBreakdown, render_table
 from fsdp_lab.probes.parity import unwrap
 from fsdp_lab.sinks.files import write_json_atomic, write_summary
-from fsdp_lab.train import probed_step
+from fsdp_lab.accum import Accumulation
+from fsdp_lab.train import measured, train_step, unmeasured
 
 ESTIMATE_FILE = "estimate.json"
 MEASURED_STEP = 2
@@ -49,13 +50,17 @@ def estimate(run: RunConfig, dims: ParallelDims) -> dict:
             optimizer = build_optimizer(model.parameters(), run.optim, torch.device("cuda"))
             phases = PhaseMemory(device, model, optimizer)
             breakdown = ModuleBreakdown(model, optimizer, device, step=MEASURED_STEP, gather=False)
+            around = Accumulation(model, run.train.accum).microbatch if run.train.microbatches > 1 else None
             for step in range(MEASURED_STEP):
                 batches = microbatches(
                     unwrap(model), seed=run.train.seed, step=step, dp_rank=0, batch_size=run.train.batch_size,
                     seq_len=run.train.seq_len, n=run.train.microbatches, device=device,
                 )
-                measured = step + 1 == MEASURED_STEP
-                probed_step(model, optimizer, batches, phases if measured else None, breakdown if measured else None)
+                if step + 1 < MEASURED_STEP:
+                    train_step(model, optimizer, batches, unmeasured, around)
+                    continue
+                with measured(phases, breakdown, batches) as mark:
+                    train_step(model, optimizer, batches, mark, around)
             phases.metrics()
     finally:
         dist.destroy_process_group()

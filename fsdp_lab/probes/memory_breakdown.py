@@ -55,7 +55,7 @@ class ModuleBreakdown:
 
     @contextlib.contextmanager
     def track(self, batches):
-        """Run the step inside; yields `mark(phase)` for the step's phase points."""
+        """Run the step inside, calling `mark(phase)` at the step's phase points."""
         self.tracker = tracker = self._new_tracker(batches)
         on_gpu = self.device.type == "cuda"
         with tracker:
@@ -64,13 +64,13 @@ class ModuleBreakdown:
                 torch.cuda.reset_peak_memory_stats(self.device)
                 # Resident memory the tracker does not own: the parity reference, cuBLAS workspace.
                 untracked = torch.cuda.memory_allocated(self.device) - tracker_total(tracker, self.device)
-            yield self._mark
+            yield
             self._harvest()
         allocator_peak = torch.cuda.max_memory_allocated(self.device) if on_gpu else None
         self.report = self._build_report(allocator_peak, untracked)
         self.tracker = None
 
-    def _mark(self, phase: str) -> None:
+    def mark(self, phase: str) -> None:
         if phase == "after_bwd":
             # The next microbatch's forward would be refused as a second iteration: keep this
             # microbatch's per-module peaks, then clear the tracker's.
