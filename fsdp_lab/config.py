@@ -182,7 +182,9 @@ class MemoryProbeConfig:
     enabled: bool = True
     """Record memory at each phase of every step."""
     tracker: str = choice("none", "none", "module")
-    """module: a per-module breakdown of one step by torch's (FSDP)MemTracker."""
+    """module: a per-module breakdown of one step by torch's (FSDP)MemTracker (memory_breakdown.json/.md)."""
+    tracker_step: int = 2
+    """For tracker=module: the optimizer step tracked (>= 2: step 1 is the warm-up that creates optimizer state)."""
 
 
 @dataclass

@@ -54,6 +54,12 @@ def execute(cfg: DictConfig, run_dir: Path) -> None:
         if os.environ.get("RANK", "0") == "0":
             discard_unstarted_run_dir(run_dir)
         fail(str(e), code=2)
+    if run.mode == "estimate":
+        from fsdp_lab.estimate import run_estimate
+
+        run_estimate(run, dims, run_dir)
+        print(f"run dir: {run_dir}", flush=True)
+        return
     if is_rank_process():
         from fsdp_lab.worker import rank_main
 

@@ -22,6 +22,7 @@ from fsdp_lab.data import microbatches
 from fsdp_lab.parallel.pipeline import PipelinedModel
 from fsdp_lab.probes.comm import CommCounter
 from fsdp_lab.probes.memory import PhaseMemory
+from fsdp_lab.probes.memory_breakdown import ModuleBreakdown
 from fsdp_lab.probes.parity import ParityVerdict, max_param_abs_diff, unwrap
 from fsdp_lab.probes.perf import Throughput
 
@@ -87,6 +88,26 @@ def train_step(
     return total
 
 
+@contextlib.contextmanager
+def measured(memory: PhaseMemory | None, breakdown: ModuleBreakdown | None, batches):
+    """The per-phase probe and, if given, the module tracker around one step; yields the marker
+    that records each phase for both. The tracker is entered first: on CPU the phases are read from it."""
+    with contextlib.ExitStack() as stack:
+        marks = []
+        if breakdown is not None:
+            stack.enter_context(breakdown.track(batches))
+            marks.append(breakdown.mark)
+        if memory is not None:
+            stack.enter_context(memory.step(breakdown.tracker if breakdown else None))
+            marks.append(memory.mark)
+
+        def mark(phase: str) -> None:
+            for m in marks:
+                m(phase)
+
+        yield mark
+
+
 @dataclass
 class Reference:
     """The parity reference: a DDP copy of the model with its own optimizer."""
@@ -105,6 +126,7 @@ class Trainer:
         rank: int, dp_rank: int, dp_group, device: torch.device, memory: PhaseMemory | None,
         throughput: Throughput | None, reference: Reference | None, on_step: Callable[[dict], None],
         accumulation: Accumulation | None = None, comm: CommCounter | None = None,
+        breakdown: ModuleBreakdown | None = None,
     ):
         self.model, self.optimizer = model, optimizer
         self.train, self.fault = train, fault
@@ -113,8 +135,8 @@ class Trainer:
         self.on_step = on_step
         self.accumulation, self.comm = accumulation, comm
         self.checkpointer = None  # a fsdp_lab.checkpoint.Checkpointer, set when checkpoint=dcp
+        self.breakdown = breakdown
         self.last_loss: float | None = None
-        self.peak_mib = 0.0
         self.activity = "setup"
 
     def _around_microbatch(self, index: int, count: int) -> contextlib.ExitStack:
@@ -125,10 +147,9 @@ class Trainer:
             stack.enter_context(self.accumulation.microbatch(index, count))
         return stack
 
-    def _mark(self, step: int, phase: str) -> None:
+    def _mark(self, step: int, measure: Callable[[str], None], phase: str) -> None:
         self.activity = f"step {step + 1}: {IN_FLIGHT_AFTER[phase]}"
-        if self.memory is not None:
-            self.memory.mark(phase)
+        measure(phase)
 
     def _batches(self, step: int):
         cfg = self.train
@@ -161,10 +182,11 @@ class Trainer:
             self.inject_fault(step, "step")
             batches = self._batches(step)
             t0 = time.perf_counter()
-            mark = functools.partial(self._mark, step)
             if self.comm is not None:
                 self.comm.begin_step()
-            with self.memory.step() if self.memory is not None else contextlib.nullcontext():
+            tracked = self.breakdown if self.breakdown is not None and self.breakdown.step == step + 1 else None
+            with measured(self.memory, tracked, batches) as measure:
+                mark = functools.partial(self._mark, step, measure)
                 local_loss = train_step(self.model, self.optimizer, batches, mark, self._around_microbatch)
             loss = self._global_mean(local_loss)  # .item() inside: the step's kernels are done
             row = {"step": step + 1, "loss": loss}
@@ -174,7 +196,8 @@ class Trainer:
                 row.update(self.comm.metrics())
             if self.memory is not None:
                 row.update(self.memory.metrics())
-                self.peak_mib = max(self.peak_mib, row["memory/peak_mib"])
+            if tracked is not None:
+                row["memory/tracker_accuracy"] = tracked.report["tracker_accuracy"]
             if self.reference is not None:
                 row.update(self._check_parity(step, batches, loss))
             self.last_loss = loss

@@ -20,6 +20,8 @@ from fsdp_lab.parallel.tp import TP_PLANS
 def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
     """The typed, checked run and its parallel dimensions."""
     run = to_run_config(cfg)
+    if run.mode == "estimate":
+        return _prepare_estimate(run)
     device_type = resolve_device_type(run.device)
     dims = ParallelDims.resolve(
         pp=run.mesh.pp, dp_replicate=run.mesh.dp_replicate, dp_shard=run.mesh.dp_shard, tp=run.mesh.tp,
@@ -27,6 +29,34 @@ def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
     )
     check_run(run, dims, device_type)
     return run, dims
+
+
+def _prepare_estimate(run: RunConfig) -> tuple[RunConfig, ParallelDims]:
+    """mode=estimate predicts a world this machine may not have: its size comes from the degrees, and
+    it is checked as the GPU run it predicts (GPU-only dtypes are fine)."""
+    m = run.mesh
+    if m.dp_shard == -1 and m.world_size is None:
+        raise ConfigError("mesh.dp_shard=-1: mode=estimate needs the world size; set mesh.dp_shard=N or mesh.world_size=N")
+    dims = ParallelDims.resolve(
+        pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, world_size=requested_world_size(m, m.world_size),
+    )
+    check_run(run, dims, "cuda")
+    check_estimable(run)
+    return run, dims
+
+
+def check_estimable(run: RunConfig) -> None:
+    """Configurations mode=estimate cannot predict faithfully."""
+    refusals = {
+        "mesh.engine": (run.mesh.engine, run.mesh.engine != "fsdp2", "allowed: fsdp2 (FSDPMemTracker follows fully_shard only)"),
+        "mesh.pp": (run.mesh.pp, run.mesh.pp > 1, "allowed: 1 (pipeline stages are not estimated)"),
+        "fsdp.cpu_offload": (run.fsdp.cpu_offload, run.fsdp.cpu_offload, "allowed: false (the estimate runs on one fake device)"),
+        "model.compile": (run.model.compile, run.model.compile, "allowed: false (compiled graphs are not traced by the tracker)"),
+    }
+    for key, (value, refused, allowed) in refusals.items():
+        if refused:
+            value = str(value).lower() if isinstance(value, bool) else value
+            raise ConfigError(f"{key}={value}: mode=estimate cannot predict this; {allowed}")
 
 
 def _world_size(run: RunConfig, device_type: str) -> int:
@@ -67,6 +97,11 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     _check_pp(run, dims)
     _check_ac(run)
     _check_checkpoint(run)
+    mem = run.probes.memory
+    if mem.tracker == "module" and not 2 <= mem.tracker_step <= t.steps:
+        raise ConfigError(
+            f"probes.memory.tracker_step={mem.tracker_step}: must be in 2..train.steps={t.steps} (step 1 is the warm-up)"
+        )
     f = run.fault
     if f.kill_rank is not None and not 0 <= f.kill_rank < dims.world_size:
         raise ConfigError(f"fault.kill_rank={f.kill_rank}: must be a rank in 0..{dims.world_size - 1}")

@@ -30,7 +30,8 @@ from fsdp_lab.parallel import parallelize
 from fsdp_lab.parallel.ddp import apply_ddp
 from fsdp_lab.parallel.pipeline import build_pipeline
 from fsdp_lab.probes.comm import CommCounter
-from fsdp_lab.probes.memory import PHASES, PhaseMemory
+from fsdp_lab.probes.memory import PhaseMemory
+from fsdp_lab.probes.memory_breakdown import ModuleBreakdown, table_rows, write_breakdown
 from fsdp_lab.probes.parity import TOLERANCES, ParityVerdict
 from fsdp_lab.probes.perf import Throughput
 from fsdp_lab.sinks.files import MetricsFile, keep_metrics_through, write_summary
@@ -92,6 +93,8 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
         summary.update(status="ok", steps=run.train.steps, final_loss=trainer.last_loss)
         summary.update(_probe_summaries(run, trainer))
         summary["checkpoint"] = checkpointer.summary() if checkpointer else None
+        if sinks is not None and trainer.breakdown is not None:
+            sinks.on_breakdown(trainer.breakdown.report)
         if ctx.is_main:
             print(f"done: {run.train.steps} steps, final loss {trainer.last_loss:.6f}", flush=True)
     except BaseException as e:
@@ -153,12 +156,15 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step)
             device=ctx.device, warmup_steps=run.probes.perf.warmup_steps,
         )
     memory = _memory_probe(run, dims, ctx, model, optimizer)
+    breakdown = None
+    if run.probes.memory.tracker == "module":
+        breakdown = ModuleBreakdown(model, optimizer, ctx.device, step=run.probes.memory.tracker_step, gather=True)
     return Trainer(
         model=model, optimizer=optimizer, train=run.train, fault=run.fault, rank=ctx.rank,
         dp_rank=dp_mesh.get_local_rank(), dp_group=dp_mesh.get_group(), device=ctx.device,
         memory=memory, throughput=throughput, reference=reference, on_step=on_step,
         accumulation=Accumulation(model, run.train.accum) if run.train.microbatches > 1 else None,
-        comm=CommCounter() if run.probes.comm.enabled else None,
+        comm=CommCounter() if run.probes.comm.enabled else None, breakdown=breakdown,
     )
 
 
@@ -190,8 +196,10 @@ def _probe_summaries(run: RunConfig, trainer: Trainer) -> dict:
     if trainer.reference is not None:
         out["parity"] = trainer.reference.verdict.as_summary()
     if trainer.memory is not None:
-        readings = trainer.memory.readings
-        out["memory"] = {"peak_mib": trainer.peak_mib, "phases_mib": {p: readings[p] for p in PHASES if p in readings}}
+        out["memory"] = trainer.memory.summary()
+    if trainer.breakdown is not None:
+        report = trainer.breakdown.report
+        out["memory"] = {**(out["memory"] or {}), "tracker_peak_mib": report["peak_mib"], "tracker_accuracy": report["tracker_accuracy"]}
     if trainer.throughput is not None:
         out["perf"] = trainer.throughput.summary()
     return out
@@ -218,6 +226,11 @@ class _RankZeroSinks:
         if self.wandb is not None:
             self.wandb.log(row)
         print(_progress_line(row, self.run.train.steps), flush=True)
+
+    def on_breakdown(self, report: dict) -> None:
+        write_breakdown(Path(self.metrics.path.parent), report)
+        if self.wandb is not None:
+            self.wandb.log_table("memory/breakdown", *table_rows(report))
 
     def close(self, summary: dict) -> None:
         self.metrics.close()

@@ -43,6 +43,9 @@ CATALOGUE = [
     ("mesh=nd mesh.pp_schedule=1f1b", "error: train.microbatches=1: mesh.pp_schedule=1f1b needs >= mesh.pp=2 microbatches"),
     ("fault.kill_rank=5 fault.at_step=1", "error: fault.kill_rank=5: must be a rank in 0..1"),
     ("fault.kill_rank=1", "error: fault.kill_rank and fault.at_step: set both or neither"),
+    ("probes.memory.tracker=module probes.memory.tracker_step=1", "error: probes.memory.tracker_step=1: must be in 2..train.steps=20 (step 1 is the warm-up)"),
+    ("mode=estimate", "error: mesh.dp_shard=-1: mode=estimate needs the world size; set mesh.dp_shard=N or mesh.world_size=N"),
+    ("mode=estimate mesh.engine=ddp mesh.world_size=8", "error: mesh.engine=ddp: mode=estimate cannot predict this; allowed: fsdp2 (FSDPMemTracker follows fully_shard only)"),
 ]
 
 

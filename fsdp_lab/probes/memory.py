@@ -1,8 +1,9 @@
 """Memory at each phase of a training step, as PyTorch's FSDP memory test records it.
 
-On GPU the figures are the CUDA caching allocator's (host-side counters: reading them does not
-synchronise). On CPU there is no allocator to ask, so torch's MemTracker counts the storages of the
-tensors the measured model creates and holds; the parity reference runs outside it."""
+On GPU the figures are the CUDA caching allocator's, allocated and reserved: one host-side read of
+its counters per phase (no synchronisation, no flattening of the stats dict). On CPU there is no
+allocator to ask, so torch's MemTracker counts the storages of the tensors the measured model
+creates and holds; the parity reference runs outside it."""
 
 from __future__ import annotations
 
@@ -16,46 +17,81 @@ PHASES = ("start", "after_fwd", "after_loss", "after_bwd", "after_step", "done")
 MIB = 2**20
 
 
+def tracker_total(tracker: MemTracker, device: torch.device, kind: str = "current") -> int:
+    """Bytes a (FSDP)MemTracker counts on `device` now (`current`) or at its peak (`peak`)."""
+    return tracker.get_tracker_snapshot(kind).get(device, {}).get("Total", 0)
+
+
 class PhaseMemory:
     def __init__(self, device: torch.device, model: nn.Module, optimizer: torch.optim.Optimizer):
         self.device = device
+        self.on_gpu = device.type == "cuda"
         self.readings: dict[str, float] = {}
-        self.tracker: MemTracker | None = None
-        if device.type != "cuda":
-            self.tracker = MemTracker()
-            self.tracker.track_external(model, optimizer)
-
-    def _current_bytes(self) -> int:
-        if self.tracker is None:
-            return torch.cuda.memory_allocated(self.device)
-        return self.tracker.get_tracker_snapshot("current").get(self.device, {}).get("Total", 0)
-
-    def _peak_bytes(self) -> int:
-        if self.tracker is None:
-            return torch.cuda.max_memory_allocated(self.device)
-        return self.tracker.get_tracker_snapshot("peak").get(self.device, {}).get("Total", 0)
+        self.reserved: dict[str, float] = {}
+        self.phase_max: dict[str, float] = {}
+        self.peak_mib = 0.0
+        self.reserved_peak_mib = 0.0
+        self._own_tracker: MemTracker | None = None
+        self._tracker: MemTracker | None = None
+        if not self.on_gpu:
+            self._own_tracker = MemTracker()
+            self._own_tracker.track_external(model, optimizer)
 
     @contextlib.contextmanager
-    def step(self):
-        """Measure one optimizer step; `mark(phase)` records the memory at each phase within it."""
-        self.readings = {}
-        if self.tracker is None:
+    def step(self, tracker: MemTracker | None = None):
+        """Measure one optimizer step; `mark(phase)` records the memory at each phase within it.
+
+        `tracker`: a module tracker the caller has entered around this step. On CPU it counts the
+        step in place of the phase tracker: two dispatch modes would see every tensor twice."""
+        self.readings, self.reserved = {}, {}
+        if self.on_gpu:
             torch.cuda.reset_peak_memory_stats(self.device)
-            tracking = contextlib.nullcontext()
-        else:
-            tracking = self.tracker
-        with tracking:
             yield
+        elif tracker is not None:
+            self._tracker = tracker
+            yield
+        else:
+            self._tracker = self._own_tracker
+            with self._own_tracker:
+                yield
 
     def mark(self, phase: str) -> None:
-        self.readings[phase] = self._current_bytes() / MIB
-        if self.tracker is not None and phase in ("start", "after_bwd"):
+        if self.on_gpu:
+            stats = torch.cuda.memory_stats_as_nested_dict(self.device)
+            self.readings[phase] = stats["allocated_bytes"]["all"]["current"] / MIB
+            self.reserved[phase] = stats["reserved_bytes"]["all"]["current"] / MIB
+            return
+        self.readings[phase] = tracker_total(self._tracker, self.device) / MIB
+        if self._tracker is self._own_tracker and phase in ("start", "after_bwd"):
             # A forward follows; MemTracker refuses a root module's second forward (the next
             # microbatch or step) unless its per-module statistics, unused here, are cleared.
-            self.tracker.reset_mod_stats()
+            self._tracker.reset_mod_stats()
 
     def metrics(self) -> dict[str, float]:
-        """`memory/<phase>_mib` for the last step, and its `memory/peak_mib`."""
+        """`memory/<phase>_mib` and `memory/peak_mib` for the last step; on GPU also
+        `memory/<phase>_reserved_mib` and `memory/reserved_peak_mib`."""
         out = {f"memory/{phase}_mib": self.readings[phase] for phase in PHASES if phase in self.readings}
-        out["memory/peak_mib"] = max(self._peak_bytes() / MIB, *self.readings.values())
+        if self.on_gpu:
+            stats = torch.cuda.memory_stats_as_nested_dict(self.device)
+            peak = stats["allocated_bytes"]["all"]["peak"] / MIB
+            out.update({f"memory/{phase}_reserved_mib": self.reserved[phase] for phase in PHASES if phase in self.reserved})
+            out["memory/reserved_peak_mib"] = stats["reserved_bytes"]["all"]["peak"] / MIB
+            self.reserved_peak_mib = max(self.reserved_peak_mib, out["memory/reserved_peak_mib"])
+        else:
+            peak = tracker_total(self._tracker, self.device, "peak") / MIB
+        out["memory/peak_mib"] = max(peak, *self.readings.values())
+        self.peak_mib = max(self.peak_mib, out["memory/peak_mib"])
+        for phase, value in self.readings.items():
+            self.phase_max[phase] = max(self.phase_max.get(phase, 0.0), value)
+        return out
+
+    def summary(self) -> dict:
+        """The run's peak, the last step's phases and each phase's maximum over the steps."""
+        out = {
+            "peak_mib": self.peak_mib,
+            "phases_mib": {p: self.readings[p] for p in PHASES if p in self.readings},
+            "phases_max_mib": {p: self.phase_max[p] for p in PHASES if p in self.phase_max},
+        }
+        if self.on_gpu:
+            out["reserved_peak_mib"] = self.reserved_peak_mib
         return out

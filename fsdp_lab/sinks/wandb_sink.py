@@ -53,6 +53,16 @@ class WandbSink:
         except Exception as e:  # noqa: BLE001
             self._disable(f"log failed ({type(e).__name__}: {e})")
 
+    def log_table(self, key: str, columns: list[str], rows: list[list]) -> None:
+        if self.run is None:
+            return
+        try:
+            import wandb
+
+            self.run.log({key: wandb.Table(columns=columns, data=rows)})
+        except Exception as e:  # noqa: BLE001
+            self._disable(f"log_table failed ({type(e).__name__}: {e})")
+
     def finish(self, summary: dict, exit_code: int) -> None:
         if self.run is None:
             return

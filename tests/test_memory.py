@@ -1,0 +1,165 @@
+"""Memory science: the module-wise breakdown of real runs on CPU/gloo, and estimates of worlds this
+machine does not have (one process, a fake process group, fake tensors)."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from fsdp_lab.config import ConfigError
+from fsdp_lab.estimate import estimate
+from fsdp_lab.probes.memory import PHASES
+from fsdp_lab.probes.memory_breakdown import BREAKDOWN_JSON, BREAKDOWN_TABLE
+from fsdp_lab.run import CONF_DIR  # registers the schema and resolvers
+from fsdp_lab.validate import prepare
+from lab import run_lab
+from wandb_records import OfflineRun
+
+TRACKED = ("train.steps=2", "probes.memory.tracker=module", "probes.parity.enabled=false")
+FSDP_UNITS = {"FSDPTransformer", "FSDPTransformer.layers.0", "FSDPTransformer.layers.1"}
+
+
+def prepared(*overrides: str):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return prepare(compose(config_name="config", overrides=list(overrides)))
+
+
+@functools.cache
+def estimated(*overrides: str) -> dict:
+    """Read-only: tests share the estimates of equal configurations."""
+    return estimate(*prepared("mode=estimate", *overrides))
+
+
+def assert_sums_to_total(categories: dict, total: float, where: str) -> None:
+    assert sum(categories.values()) == pytest.approx(total, rel=1e-9), f"{where}: categories do not sum to the peak"
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    """The same model tracked at step 2 on 2 ranks (with W&B offline) and on 4 ranks."""
+    runs = {}
+    for world, logger in ((2, "logger=wandb"), (4, "logger=none")):
+        result = run_lab(*TRACKED, f"mesh.world_size={world}", logger, run_dir=tmp_path_factory.mktemp(f"w{world}") / "run")
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[world] = result
+    return runs
+
+
+def breakdown(run) -> dict:
+    return json.loads((run.run_dir / BREAKDOWN_JSON).read_text())
+
+
+def test_breakdown_has_every_fsdp_unit_in_both_passes_and_its_categories_sum_to_the_peak(tracked):
+    report = breakdown(tracked[2])
+    assert (report["tracker"], report["step"], report["device"]) == ("FSDPMemTracker", 2, "cpu")
+    assert {m["module"] for m in report["modules"]} == FSDP_UNITS
+    assert_sums_to_total(report["peak_categories_mib"], report["peak_mib"], "step peak")
+    for module in report["modules"]:
+        for phase in ("forward", "backward"):
+            assert_sums_to_total(module[phase]["categories_mib"], module[phase]["peak_mib"], f"{module['module']} {phase}")
+            assert module[phase]["peak_mib"] <= report["peak_mib"] + 1e-9
+    root = next(m for m in report["modules"] if m["module"] == "FSDPTransformer")
+    assert root["forward"]["categories_mib"]["Activation"] > 0, "forward holds activations"
+    assert root["backward"]["categories_mib"]["OptState"] > 0, "the warm-up step created optimizer state"
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    assert report["ranks"][0]["peak_mib"] == pytest.approx(report["ranks"][1]["peak_mib"]), "even shards, even peaks"
+    assert report["tracker_accuracy"] is None and report["allocator_peak_mib"] is None, "no allocator on CPU"
+    table = (tracked[2].run_dir / BREAKDOWN_TABLE).read_text()
+    assert "| FSDPTransformer.layers.1 | backward |" in table and "Sharded Param" in table
+
+
+def test_tracked_step_reports_the_tracker_in_metrics_summary_and_wandb(tracked):
+    run = tracked[2]
+    report = breakdown(run)
+    step2 = run.metrics[1]
+    assert "memory/tracker_accuracy" in step2 and step2["memory/tracker_accuracy"] is None
+    assert "memory/tracker_accuracy" not in run.metrics[0]
+    # On CPU the tracked step's phases are read from the module tracker: one count, one peak.
+    assert step2["memory/peak_mib"] == pytest.approx(report["peak_mib"])
+    memory = run.summary["memory"]
+    assert memory["tracker_peak_mib"] == pytest.approx(report["peak_mib"])
+    assert set(memory["phases_max_mib"]) == set(PHASES)
+    assert memory["phases_max_mib"]["after_fwd"] >= memory["phases_mib"]["after_fwd"]
+    # W&B records a table as nested keys under its name.
+    tables = [row for row in OfflineRun.in_run_dir(run.run_dir).history if "memory/breakdown/_type" in row]
+    assert len(tables) == 1 and tables[0]["memory/breakdown/_type"] == "table-file"
+    assert tables[0]["memory/breakdown/nrows"] == 2 * len(FSDP_UNITS) + 1
+
+
+def test_sharded_parameter_and_optimizer_memory_halve_from_2_to_4_ranks(tracked):
+    two, four = breakdown(tracked[2])["peak_categories_mib"], breakdown(tracked[4])["peak_categories_mib"]
+    assert four["Sharded Param"] == pytest.approx(two["Sharded Param"] / 2, rel=1e-3)
+    assert four["OptState"] == pytest.approx(two["OptState"] / 2, rel=1e-2)  # + Adam's per-parameter step scalars
+    assert len(breakdown(tracked[4])["ranks"]) == 4
+
+
+def test_estimate_on_a_fake_group_predicts_the_tracked_run(tracked):
+    real = breakdown(tracked[2])
+    predicted = estimated("mesh.dp_shard=2")
+    assert predicted["peak_mib"] == pytest.approx(real["peak_mib"], rel=0.01)
+    for category in ("Sharded Param", "Unsharded Param", "Activation", "OptState"):
+        assert predicted["peak_categories_mib"][category] == pytest.approx(real["peak_categories_mib"][category], rel=0.01)
+    tracked_phases = {p: tracked[2].metrics[1][f"memory/{p}_mib"] for p in PHASES}
+    assert predicted["phases_mib"] == pytest.approx(tracked_phases, rel=0.01)
+
+
+def test_estimate_shrinks_parameter_and_optimizer_memory_4x_from_2_to_8_ranks():
+    two, eight = (estimated(f"mesh.dp_shard={n}")["peak_categories_mib"] for n in (2, 8))
+    state = lambda c: c["Sharded Param"] + c["OptState"]  # noqa: E731
+    assert state(two) / state(eight) == pytest.approx(4, rel=0.03)
+    assert eight["Activation"] == pytest.approx(two["Activation"], rel=0.01), "the per-rank batch is the same"
+
+
+def test_estimated_phases_follow_the_physics_of_a_step():
+    small, large = (estimated("mesh.dp_shard=2", *([f"train.batch_size={b}"] if b != 4 else [])) for b in (4, 8))
+    forward = lambda e: e["phases_mib"]["after_fwd"] - e["phases_mib"]["start"]  # noqa: E731
+    assert forward(small) > 0 and forward(large) == pytest.approx(2 * forward(small), rel=0.05), "activations scale with the batch"
+    cats = small["peak_categories_mib"]
+    assert cats["OptState"] == pytest.approx(2 * cats["Sharded Param"], rel=0.02), "Adam keeps two moments per parameter"
+    assert small["phases_mib"]["done"] < small["phases_mib"]["after_step"], "zero_grad frees the gradients"
+
+
+def test_estimate_of_hsdp_shards_within_the_replica():
+    hsdp = estimated("mesh.dp_replicate=2", "mesh.dp_shard=2")
+    fsdp = estimated("mesh.dp_shard=2")
+    assert hsdp["world_size"] == 4 and hsdp["mesh"]["dp_replicate"] == 2
+    assert hsdp["peak_categories_mib"]["Sharded Param"] == pytest.approx(fsdp["peak_categories_mib"]["Sharded Param"])
+
+
+def test_estimate_cli_prints_the_prediction_and_writes_estimate_json(tmp_path):
+    result = run_lab("mode=estimate", "mesh.dp_shard=64", "model.dim=256", "logger=none", run_dir=tmp_path / "run", timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = json.loads((result.run_dir / "estimate.json").read_text())
+    assert (written["world_size"], written["mesh"]["dp_shard"], written["tracker"]) == (64, 64, "FSDPMemTracker")
+    assert f"estimate: peak {written['peak_mib']:.1f} MiB per rank" in result.stdout
+    assert "| FSDPTransformer.layers.0 | forward |" in result.stdout
+    assert result.summary["status"] == "ok" and result.summary["memory"]["peak_mib"] == written["peak_mib"]
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["mesh.pp=2", "mesh.dp_shard=2"], "mesh.pp=2: mode=estimate cannot predict this; allowed: 1"),
+        (["fsdp.cpu_offload=true", "mesh.world_size=2"], "fsdp.cpu_offload=true: mode=estimate cannot predict this"),
+        (["model.compile=true", "mesh.world_size=2"], "model.compile=true: mode=estimate cannot predict this"),
+    ],
+)
+def test_estimate_refuses_what_it_cannot_predict(overrides, message):
+    """The rest of the refusals, and the one-line CLI form, are in test_bad_input's catalogue."""
+    with pytest.raises(ConfigError, match=message):
+        prepared("mode=estimate", *overrides)
+
+
+def test_estimate_world_size_comes_from_the_degrees_not_the_devices():
+    run, dims = prepared("mode=estimate", "mesh.dp_replicate=4", "mesh.dp_shard=16", "mesh.tp=2")
+    assert dims.world_size == 128
+
+
+def test_tracker_step_must_exist():
+    with pytest.raises(ConfigError, match="probes.memory.tracker_step=3: must be in 2..train.steps=2"):
+        prepared("probes.memory.tracker=module", "probes.memory.tracker_step=3", "train.steps=2")
