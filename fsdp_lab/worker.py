@@ -170,7 +170,7 @@ class _RankZeroSinks:
         self.wandb = None
         if run.logger.kind == "wandb":
             self.wandb = WandbSink(
-                run.logger, run_dir=run_dir, name=run.name, config=asdict(run), group=None,
+                run.logger, run_dir=run_dir, name=run.name, config=asdict(run),
                 job_type=f"{run.mesh.engine}-" + "x".join(f"{k}{v}" for k, v in dims.as_dict().items() if v > 1),
             )
 
