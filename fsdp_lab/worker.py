@@ -31,7 +31,7 @@ from fsdp_lab.probes.memory import PHASES, PhaseMemory
 from fsdp_lab.probes.parity import TOLERANCES, ParityVerdict
 from fsdp_lab.probes.perf import Throughput
 from fsdp_lab.sinks.files import MetricsFile, write_summary
-from fsdp_lab.sinks.wandb_sink import WandbSink
+from fsdp_lab.sinks.wandb_sink import WandbSink, mesh_job_type
 from fsdp_lab.train import Reference, Trainer
 
 log = logging.getLogger("fsdp_lab")
@@ -171,7 +171,7 @@ class _RankZeroSinks:
         if run.logger.kind == "wandb":
             self.wandb = WandbSink(
                 run.logger, run_dir=run_dir, name=run.name, config=asdict(run),
-                job_type=f"{run.mesh.engine}-" + "x".join(f"{k}{v}" for k, v in dims.as_dict().items() if v > 1),
+                job_type=mesh_job_type(run.mesh.engine, dims.as_dict()),
             )
 
     def on_step(self, row: dict) -> None:

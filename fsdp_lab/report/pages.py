@@ -16,7 +16,9 @@ def _num(value: float | None, fmt: str) -> str:
 
 def parity_cell(job: Job) -> str:
     if job.parity_ok is None:
-        return "not checked"
+        steps, diffs = job.series("parity/loss_abs_diff")
+        # A run that stopped early has no verdict, but the steps it finished were compared.
+        return f"no verdict (Δloss {max(diffs):.1e} in {len(steps)} steps)" if diffs else "not checked"
     p = job.parity
     verdict = "ok" if job.parity_ok else "DRIFT"
     return f"{verdict} (Δloss {p['max_loss_abs_diff']:.1e}, Δparam {p['max_param_abs_diff']:.1e})"

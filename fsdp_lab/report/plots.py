@@ -14,7 +14,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from fsdp_lab.probes.memory import PHASES  # noqa: E402
 from fsdp_lab.report.jobs import Job  # noqa: E402
 
-VERDICT_MARKERS = {True: ("o", "parity ok"), False: ("X", "parity DRIFT"), None: ("s", "parity not checked")}
+VERDICT_MARKERS = {True: ("o", "parity ok"), False: ("X", "parity DRIFT"), None: ("s", "no parity verdict")}
 # Parity drift is often exactly 0; a linear band around 0 keeps it on a log-like axis.
 DRIFT_LINTHRESH = 1e-12
 
@@ -44,7 +44,7 @@ def memory_per_phase(jobs: list[Job], path: Path) -> Path | None:
     ax.set_xticks(range(len(columns)), columns)
     ax.set_ylabel("MiB")
     ax.set_title("Memory per phase of a step (last step), and the peak")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
     return _save(fig, path)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import netrc
 import os
+from functools import partial
 from pathlib import Path
 
 from fsdp_lab.config import LoggerConfig
@@ -40,6 +41,11 @@ def wandb_mode(cfg: LoggerConfig) -> str:
         return "offline"
 
 
+def mesh_job_type(engine: str, mesh: dict[str, int]) -> str:
+    """`fsdp2-dp_replicate2xdp_shard4`: the engine and the mesh's dims of degree > 1."""
+    return f"{engine}-" + ("x".join(f"{k}{v}" for k, v in mesh.items() if v > 1) or "1rank")
+
+
 def define_metrics(run) -> None:
     """Every metric is plotted against `step`; summaries per SUMMARY_REDUCTIONS (first match wins)."""
     run.define_metric("step")
@@ -69,9 +75,10 @@ class WandbSink:
         try:
             import wandb
 
+            hide = partial(scrub, secrets=self.secrets)
             self.run = wandb.init(
-                project=cfg.project, entity=cfg.entity, group=cfg.group, job_type=job_type, name=name,
-                tags=list(cfg.tags), config=scrub(config, self.secrets), dir=str(run_dir), mode=wandb_mode(cfg),
+                project=cfg.project, entity=cfg.entity, group=hide(cfg.group), job_type=job_type, name=hide(name),
+                tags=hide(list(cfg.tags)), config=hide(config), dir=str(run_dir), mode=wandb_mode(cfg),
                 reinit="finish_previous",
                 settings=wandb.Settings(console="off", silent=True, init_timeout=cfg.init_timeout_s),
             )
