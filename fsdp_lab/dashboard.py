@@ -62,7 +62,7 @@ def workspace_layout(entity: str, project: str, group: str) -> ws.Workspace:
         sections=workspace_sections(),
         settings=ws.WorkspaceSettings(x_axis="step", max_runs=100),
         runset_settings=ws.RunsetSettings(
-            filters=[ws.Metric("Group") == group],
+            filters=ws.And(ws.Metric("Group") == group),
             pinned_columns=["run:displayName", "summary:parity.ok", "summary:memory.peak_mib", "summary:perf.tokens_per_s"],
         ),
     )

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import wandb_workspaces.reports.v2 as wr
 
 from fsdp_lab.dashboard import workspace_layout
 from fsdp_lab.probes.memory import PHASES
-from lab import REPO, lab_env
 
 PHASE_KEYS = [f"memory/{p}_mib" for p in PHASES]
 # What the sink writes: history keys (metrics.jsonl) and summary keys (summary.json nested, or W&B's
@@ -60,17 +57,7 @@ def test_workspace_shows_only_the_sweeps_runs_and_serializes_offline():
         {"key": {"section": "run", "name": "group"}, "op": "=", "value": "mesh_study", "disabled": False}
     ]
     panels = [p for s in spec["spec"]["section"]["panel_bank_config"]["sections"] for p in s["panels"]]
-    assert len(panels) == 14
+    assert len(panels) == 13
     scatter = next(p for p in panels if p["view_type"] == "Scatter Plot")
     assert (scatter["config"]["x_axis"], scatter["config"]["y_axis"]) == ("summary:perf.step_time_s", "summary:memory.peak_mib")
 
-
-def test_cli_without_a_reachable_server_fails_in_one_line():
-    env = lab_env(WANDB_API_KEY="fake0123456789abcdef0123456789abcdef0123", WANDB_BASE_URL="http://127.0.0.1:9")
-    proc = subprocess.run(
-        [sys.executable, "-m", "fsdp_lab.dashboard", "--project", "p", "--group", "g", "--entity", "e"],
-        cwd=REPO, capture_output=True, text=True, timeout=300, env=env,
-    )
-    assert proc.returncode == 1
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and errors[0].startswith("error: could not save the W&B workspace:"), proc.stderr[-2000:]

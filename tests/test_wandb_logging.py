@@ -44,17 +44,21 @@ def test_sweep_jobs_share_a_group_and_are_named_by_their_overrides(sweep):
 def test_every_metric_is_plotted_against_step_with_its_reduction(sweep):
     sweep_dir, runs = sweep
     defs = runs["0"].metric_definitions
-    assert not defs["step"].step_metric
-    for pattern in ("loss", "memory/*", "parity/*", "perf/*", "*"):
-        assert defs[pattern].step_metric == "step", pattern
-    assert (defs["loss"].summary.last, defs["memory/*"].summary.max) == (True, True)
-    assert (defs["parity/*"].summary.min, defs["parity/*"].summary.max) == (True, True)
-    assert defs["perf/*"].summary.mean
+    assert not defs["step"].step_metric and defs["*"].step_metric == "step"
+    reductions = {
+        "loss": {"last", "min"}, "parity/loss_abs_diff": {"min", "max"}, "parity/param_max_abs_diff": {"min", "max"},
+        "memory/peak_mib": {"max"}, **{f"memory/{p}_mib": {"max"} for p in PHASES},
+        "perf/step_time_s": {"mean"}, "perf/tokens_per_s": {"mean"}, "perf/mfu": {"mean"},
+    }
+    for key, expected in reductions.items():
+        assert defs[key].step_metric == "step", key
+        assert {f.name for f, on in defs[key].summary.ListFields() if on} == expected, key
 
     rows = [json.loads(line) for line in (sweep_dir / "0" / "metrics.jsonl").read_text().splitlines()]
     history = [r for r in runs["0"].history if "loss" in r]
     assert [r["step"] for r in history] == [1, 2]
-    assert set(rows[-1]) <= set(history[-1]), "every key of metrics.jsonl is in W&B under the same name"
+    logged = {k for k, v in rows[-1].items() if v is not None}  # perf/mfu is null on CPU
+    assert logged <= set(history[-1]), "every key of metrics.jsonl is in W&B under the same name"
     summary = runs["0"].summary
     assert summary["loss"]["last"] == pytest.approx(rows[-1]["loss"])
     assert summary["memory/peak_mib"]["max"] == pytest.approx(max(r["memory/peak_mib"] for r in rows))
@@ -96,7 +100,8 @@ def _assert_run_finished_without_wandb(result, steps: int) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.summary["status"] == "ok"
     assert [r["step"] for r in result.metrics] == list(range(1, steps + 1)), "metrics.jsonl holds every step"
-    assert result.stderr.count("W&B disabled for this run") == 1, result.stderr[-3000:]
+    # Spawned ranks log to stderr; a process that is the rank itself logs through Hydra's job logging (stdout).
+    assert (result.stdout + result.stderr).count("W&B disabled for this run") == 1, result.stderr[-3000:]
 
 
 def test_unreachable_wandb_server_leaves_the_run_ok(tmp_path):

@@ -1,4 +1,4 @@
-"""python -m fsdp_lab.report PATH"""
+"""python -m fsdp_lab.report PATH: report.md, report.html and plots of a run dir or a sweep dir."""
 
 import argparse
 import sys

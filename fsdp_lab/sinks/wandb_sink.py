@@ -19,11 +19,15 @@ log = logging.getLogger(__name__)
 
 # How each metric's W&B summary reduces its history (W&B stores it as e.g. `memory/peak_mib.max`).
 # Memory and parity drift: the worst step; loss: where training ended; throughput: the typical step.
+# Named one by one: when several glob patterns match a key, W&B applies any one of them.
 SUMMARY_REDUCTIONS = {
     "loss": "last,min",
-    "memory/*": "max",
-    "parity/*": "min,max",
-    "perf/*": "mean",
+    **{f"memory/{phase}_mib": "max" for phase in (*PHASES, "peak")},
+    "parity/loss_abs_diff": "min,max",
+    "parity/param_max_abs_diff": "min,max",
+    "perf/step_time_s": "mean",
+    "perf/tokens_per_s": "mean",
+    "perf/mfu": "mean",
 }
 PARITY_TABLE = "tables/parity_verdict"
 MEMORY_TABLE = "tables/memory_phases"
@@ -47,10 +51,11 @@ def mesh_job_type(engine: str, mesh: dict[str, int]) -> str:
 
 
 def define_metrics(run) -> None:
-    """Every metric is plotted against `step`; summaries per SUMMARY_REDUCTIONS (first match wins)."""
+    """Every metric is plotted against `step`; the public ones get their SUMMARY_REDUCTIONS (a name
+    defined exactly takes precedence over the catch-all `*`)."""
     run.define_metric("step")
-    for pattern, reduction in SUMMARY_REDUCTIONS.items():
-        run.define_metric(pattern, step_metric="step", summary=reduction)
+    for key, reduction in SUMMARY_REDUCTIONS.items():
+        run.define_metric(key, step_metric="step", summary=reduction)
     run.define_metric("*", step_metric="step")
 
 
