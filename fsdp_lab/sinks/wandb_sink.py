@@ -106,13 +106,14 @@ class WandbSink:
             self._disable(f"log failed ({type(e).__name__}: {e})")
 
     def log_table(self, key: str, columns: list[str], rows: list[list]) -> None:
-        """A table (e.g. a per-module memory breakdown) under `key`, beside the step's metrics."""
+        """A table of the whole run (e.g. a per-module memory breakdown) under `key` in its summary,
+        so the history keeps one row per step, as metrics.jsonl does."""
         if self.run is None:
             return
         try:
             import wandb
 
-            self.run.log({key: wandb.Table(columns=columns, data=rows)})
+            self.run.summary[key] = wandb.Table(columns=columns, data=rows)
         except Exception as e:  # noqa: BLE001
             self._disable(f"table {key} failed ({type(e).__name__}: {e})")
 
