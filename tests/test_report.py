@@ -1,5 +1,5 @@
-"""`python -m fsdp_lab.report` on a real 4-job sweep in which two jobs fail, so Hydra stops before
-its end-of-sweep callbacks and the report has only the job dirs to go by."""
+"""`python -m fsdp_lab.report` on a real 4-job sweep in which two jobs fail. Hydra's basic launcher
+runs it, which leaves no sweep summary when a job fails: the report has only the job dirs to go by."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ def report(path):
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     sweep_dir = tmp_path_factory.mktemp("report") / "sweep"
-    # One rank, worked in this process: four jobs for the price of one process start. Jobs with
-    # fault.at_step=2 raise at their third step; at_step=99 never comes.
+    # One rank, worked in this process (the basic launcher runs jobs in-process): four jobs for the
+    # price of one process start. Jobs with fault.at_step=2 raise at their third step; 99 never comes.
     result = run_lab(
-        "-m", "optim=adamw,sgd", "fault.at_step=2,99", "fault.kill_rank=0", "fault.kind=raise", "train.steps=3",
-        "logger=none", f"hydra.sweep.dir={sweep_dir}", env=rank_zero_env(), timeout=600,
+        "-m", "hydra/launcher=basic", "optim=adamw,sgd", "fault.at_step=2,99", "fault.kill_rank=0", "fault.kind=raise",
+        "train.steps=3", "logger=none", f"hydra.sweep.dir={sweep_dir}", env=rank_zero_env(), timeout=600,
     )
     assert result.returncode == 1, "Hydra re-raises the failed jobs' error after the sweep"
     assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == list(JOBS)
