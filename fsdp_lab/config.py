@@ -220,9 +220,11 @@ class LoggerConfig:
     entity: Optional[str] = None
     """W&B entity (team or user)."""
     group: Optional[str] = None
-    """W&B group; null = the sweep's name in multirun."""
+    """W&B group; null = the sweep's name in multirun (its dir below `sweeps/`, or the dir's name)."""
     tags: list[str] = field(default_factory=list)
     """W&B tags."""
+    init_timeout_s: float = 30.0
+    """Seconds W&B may take to start (online: reach the server) before the run goes on without it."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ from fsdp_lab.config import ConfigError, register_schema
 from fsdp_lab.dist import is_rank_process, resolve_device_type
 from fsdp_lab.rundir import register_resolvers
 from fsdp_lab.sinks.files import METRICS_FILE, read_summary, write_summary
+from fsdp_lab.sweep import label_sweep_job
 from fsdp_lab.validate import prepare
 from fsdp_lab.worker import base_summary
 
@@ -54,6 +55,7 @@ def execute(cfg: DictConfig, run_dir: Path) -> None:
         if os.environ.get("RANK", "0") == "0":
             discard_unstarted_run_dir(run_dir)
         fail(str(e), code=2)
+    run = label_sweep_job(run, HydraConfig.get())
     if run.mode == "estimate":
         from fsdp_lab.estimate import run_estimate
 

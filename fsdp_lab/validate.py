@@ -102,6 +102,8 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
         raise ConfigError(
             f"probes.memory.tracker_step={mem.tracker_step}: must be in 2..train.steps={t.steps} (step 1 is the warm-up)"
         )
+    if run.logger.init_timeout_s <= 0:
+        raise ConfigError(f"logger.init_timeout_s={run.logger.init_timeout_s}: must be > 0")
     f = run.fault
     if f.kill_rank is not None and not 0 <= f.kill_rank < dims.world_size:
         raise ConfigError(f"fault.kill_rank={f.kill_rank}: must be a rank in 0..{dims.world_size - 1}")

@@ -35,7 +35,7 @@ from fsdp_lab.probes.memory_breakdown import ModuleBreakdown, table_rows, write_
 from fsdp_lab.probes.parity import TOLERANCES, ParityVerdict
 from fsdp_lab.probes.perf import Throughput
 from fsdp_lab.sinks.files import MetricsFile, keep_metrics_through, write_summary
-from fsdp_lab.sinks.wandb_sink import WandbSink
+from fsdp_lab.sinks.wandb_sink import WandbSink, mesh_job_type
 from fsdp_lab.train import Reference, Trainer, loss_fn
 
 log = logging.getLogger("fsdp_lab")
@@ -216,8 +216,8 @@ class _RankZeroSinks:
         self.wandb = None
         if run.logger.kind == "wandb":
             self.wandb = WandbSink(
-                run.logger, run_dir=run_dir, name=run.name, config=asdict(run), group=None,
-                job_type=f"{run.mesh.engine}-" + "x".join(f"{k}{v}" for k, v in dims.as_dict().items() if v > 1),
+                run.logger, run_dir=run_dir, name=run.name, config=asdict(run),
+                job_type=mesh_job_type(run.mesh.engine, dims.as_dict()),
             )
 
     def on_step(self, row: dict) -> None:
@@ -230,7 +230,7 @@ class _RankZeroSinks:
     def on_breakdown(self, report: dict) -> None:
         write_breakdown(Path(self.metrics.path.parent), report)
         if self.wandb is not None:
-            self.wandb.log_table("memory/breakdown", *table_rows(report))
+            self.wandb.log_table("tables/memory_breakdown", *table_rows(report))
 
     def close(self, summary: dict) -> None:
         self.metrics.close()

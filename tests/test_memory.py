@@ -86,9 +86,8 @@ def test_tracked_step_reports_the_tracker_in_metrics_summary_and_wandb(tracked):
     assert set(memory["phases_max_mib"]) == set(PHASES)
     assert memory["phases_max_mib"]["after_fwd"] >= memory["phases_mib"]["after_fwd"]
     # W&B records a table as nested keys under its name.
-    tables = [row for row in OfflineRun.in_run_dir(run.run_dir).history if "memory/breakdown/_type" in row]
-    assert len(tables) == 1 and tables[0]["memory/breakdown/_type"] == "table-file"
-    assert tables[0]["memory/breakdown/nrows"] == 2 * len(FSDP_UNITS) + 1
+    table = OfflineRun.in_run_dir(run.run_dir).summary["tables/memory_breakdown"]
+    assert table["_type"] == "table-file" and table["nrows"] == 2 * len(FSDP_UNITS) + 1
 
 
 def test_sharded_parameter_and_optimizer_memory_halve_from_2_to_4_ranks(tracked):

@@ -44,12 +44,14 @@ def read_records(path: Path):
 
 
 class OfflineRun:
-    """The run's identity, config, logged history rows and summary, as W&B recorded them."""
+    """The run's identity, config, metric definitions, logged history rows and summary, as W&B
+    recorded them."""
 
     def __init__(self, path: Path):
         self.history: list[dict] = []
         self.summary: dict = {}
         self.config: dict = {}
+        self.metric_definitions: dict = {}  # name or glob -> MetricRecord (step_metric, summary)
         self.run = None
         for record in read_records(path):
             kind = record.WhichOneof("record_type")
@@ -60,6 +62,8 @@ class OfflineRun:
                 self.history.append({_key(i): json.loads(i.value_json) for i in record.history.item})
             elif kind == "summary":
                 self.summary.update({_key(i): json.loads(i.value_json) for i in record.summary.update})
+            elif kind == "metric":
+                self.metric_definitions[record.metric.name or record.metric.glob_name] = record.metric
             elif kind == "config":
                 self.config.update({_key(i): json.loads(i.value_json) for i in record.config.update})
 
