@@ -80,6 +80,16 @@ def verify(path: Path) -> dict:
     return meta
 
 
+def check_compatible(path: Path, meta: dict, run: RunConfig) -> None:
+    """A checkpoint resumes only the model and data stream it was saved for."""
+    model = asdict(run.model)
+    if meta["model"] != model:
+        diff = {k: (meta["model"].get(k), v) for k, v in model.items() if meta["model"].get(k) != v}
+        raise CheckpointError(path, f"saved for another model: (saved, now) = {diff}")
+    if meta["data"]["seed"] != run.train.seed:
+        raise CheckpointError(path, f"saved with train.seed={meta['data']['seed']}, this run has {run.train.seed}")
+
+
 def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     """The checkpoint to resume from: none, the newest complete one of `run_dir` (auto), or a PATH."""
     if resume is None:
@@ -239,12 +249,7 @@ class Checkpointer:
         return meta["step"]
 
     def _check_compatible(self, path: Path, meta: dict) -> None:
-        model = asdict(self.run.model)
-        if meta["model"] != model:
-            diff = {k: (meta["model"].get(k), v) for k, v in model.items() if meta["model"].get(k) != v}
-            raise CheckpointError(path, f"saved for another model: (saved, now) = {diff}")
-        if meta["data"]["seed"] != self.run.train.seed:
-            raise CheckpointError(path, f"saved with train.seed={meta['data']['seed']}, this run has {self.run.train.seed}")
+        check_compatible(path, meta, self.run)
 
     def summary(self) -> dict:
         return {

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from fsdp_lab.checkpoint import CheckpointError, verify
+from fsdp_lab.checkpoint import CheckpointError, check_compatible, verify
 from fsdp_lab.config import ConfigError, FSDPConfig, MeshConfig, RunConfig, to_run_config
 from fsdp_lab.dist import default_world_size, is_rank_process, resolve_device_type
 from fsdp_lab.mesh import ParallelDims
@@ -40,8 +40,8 @@ def _prepare_estimate(run: RunConfig) -> tuple[RunConfig, ParallelDims]:
     dims = ParallelDims.resolve(
         pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, world_size=requested_world_size(m, m.world_size),
     )
+    check_estimable(run)  # first: what cannot be estimated at all says so before finer checks
     check_run(run, dims, "cuda")
-    check_estimable(run)
     return run, dims
 
 
@@ -310,6 +310,6 @@ def _check_checkpoint(run: RunConfig) -> None:
             raise ConfigError(f"checkpoint.{key}={getattr(c, key)}: must be >= 1")
     if c.resume not in (None, "auto"):
         try:
-            verify(Path(c.resume))
+            check_compatible(Path(c.resume), verify(Path(c.resume)), run)
         except CheckpointError as e:
             raise ConfigError(f"checkpoint.resume={c.resume}: {e.reason}; allowed: auto, null, or a complete checkpoint") from None

@@ -1,11 +1,19 @@
 """The catalogue of mistakes users make, each refused before any rank starts: non-zero exit, one
 clear line naming the key, the value and what is allowed, no traceback, no run dir left behind.
-Grow the table with every new knob."""
+Grow the table with every new knob.
+
+Every entry is refused by the same code the CLI runs (Hydra composition, then `validate.prepare`),
+checked in-process; one entry of each kind of refusal also goes through the real CLI, which adds the
+exit code, the one-line output and the absent run dir (a process costs seconds of torch import)."""
 
 from __future__ import annotations
 
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 
+from fsdp_lab.run import CONF_DIR  # registers the schema and resolvers
+from fsdp_lab.validate import prepare
 from lab import run_lab
 
 pytestmark = pytest.mark.bad_input
@@ -50,8 +58,32 @@ CATALOGUE = [
 ]
 
 
+# One of each source of refusal: the schema (unknown key, choice), Hydra (type, group option), the
+# mesh, the checks of validate.py, the device.
+THROUGH_THE_CLI = {"+model.dimm=3", "mesh.engine=fsdp3", "model.dim=abc", "model=no_such", "train.microbatches=3",
+                   "mesh.dp_shard=3 mesh.world_size=2", "device=cuda"}
+
+
+def refusal(overrides: str) -> str:
+    """The message a composed-and-checked config is refused with, as the CLI prints it."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            prepare(compose(config_name="config", overrides=overrides.split()))
+    except Exception as e:  # Hydra's own errors carry the detail in their cause
+        return f"error: {e}" + (f" {e.__cause__}" if e.__cause__ else "")
+    raise AssertionError(f"{overrides} was accepted")
+
+
 @pytest.mark.parametrize("overrides,message", CATALOGUE, ids=[c[0] for c in CATALOGUE])
-def test_bad_input_is_refused_before_any_rank_starts(tmp_path, overrides, message):
+def test_bad_input_is_refused_with_its_message(overrides, message, monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    assert message.removeprefix("error: ") in refusal(overrides)
+
+
+@pytest.mark.parametrize("overrides,message", [c for c in CATALOGUE if c[0] in THROUGH_THE_CLI], ids=sorted(THROUGH_THE_CLI, key=[c[0] for c in CATALOGUE].index))
+def test_bad_input_is_refused_by_the_cli_before_any_rank_starts(tmp_path, overrides, message):
     result = run_lab(*overrides.split(), "logger=none", run_dir=tmp_path / "run", timeout=60)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
@@ -60,3 +92,14 @@ def test_bad_input_is_refused_before_any_rank_starts(tmp_path, overrides, messag
         assert result.returncode == 2 and result.error_lines == [message]
     assert "[rank" not in result.stdout + result.stderr, "no rank may start"
     assert not (tmp_path / "run").exists(), "a refused run leaves no run dir"
+
+
+def test_resume_from_a_checkpoint_of_another_model_is_refused_before_any_rank_starts(tmp_path):
+    saved = run_lab("checkpoint=dcp", "train.steps=2", "logger=none", "probes.memory.enabled=false", run_dir=tmp_path / "saved")
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    checkpoint = tmp_path / "saved" / "checkpoints" / "step_00000002"
+    result = run_lab(f"checkpoint.resume={checkpoint}", "model.dim=32", "logger=none", run_dir=tmp_path / "run", timeout=60)
+    assert result.returncode == 2
+    (line,) = result.error_lines
+    assert line.startswith(f"error: checkpoint.resume={checkpoint}: saved for another model: (saved, now) = {{'dim': (64, 32)")
+    assert "[rank" not in result.stdout + result.stderr and not (tmp_path / "run").exists()

@@ -94,3 +94,24 @@ def test_two_runs_started_in_the_same_second_get_their_own_run_dirs(tmp_path):
     assert all(p.wait(timeout=180) == 0 for p in procs)
     summaries = sorted(root.rglob("summary.json"))
     assert len(summaries) == 2 and summaries[0].parent != summaries[1].parent
+
+
+def test_disk_full_while_saving_a_checkpoint_keeps_the_metrics_and_leaves_no_checkpoint_visible(tmp_path):
+    import resource
+
+    def limit_file_size():  # a write past 64 KiB fails (EFBIG; Python ignores SIGXFSZ), as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fsdp_lab", "checkpoint=dcp", "checkpoint.interval=2", "train.steps=4", *QUICK,
+           f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(cmd, cwd=REPO, env=lab_env(), capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
+    assert proc.returncode == 1
+    (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+    assert "File too large" in line and line.startswith("error: rank ")
+    import json
+
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+    assert [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert not list((run_dir / "checkpoints").glob("step_*")), "a half-written checkpoint must not count"
+    assert_no_rank_left(run_dir)
