@@ -108,7 +108,10 @@ def test_disk_full_while_saving_a_checkpoint_keeps_the_metrics_and_leaves_no_che
     proc = subprocess.run(cmd, cwd=REPO, env=lab_env(), capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
     assert proc.returncode == 1
     (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
-    assert "File too large" in line and line.startswith("error: rank ")
+    assert line.startswith("error: rank ")
+    # The failed rank's traceback (teed to stderr) ends in the checkpoint save, where the write failed
+    # (EFBIG, or torch.save's zip writer noticing the short write); elastic's own error file may not fit.
+    assert "fsdp_lab/checkpoint.py" in proc.stderr
     import json
 
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"

@@ -155,7 +155,7 @@ def test_estimate_refuses_what_it_cannot_predict(overrides, message):
 
 
 def test_estimate_world_size_comes_from_the_degrees_not_the_devices():
-    run, dims = prepared("mode=estimate", "mesh.dp_replicate=4", "mesh.dp_shard=16", "mesh.tp=2")
+    run, dims = prepared("mode=estimate", "mesh.dp_replicate=4", "mesh.dp_shard=32")
     assert dims.world_size == 128
 
 
