@@ -104,7 +104,7 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     _check_pp(run, dims)
     _check_ac(run)
     _check_checkpoint(run)
-    _check_freeze(run)
+    _check_freeze(run, device_type)
     for spec in run.checks:
         parse_check(spec)
     mem = run.probes.memory
@@ -311,7 +311,7 @@ def _check_ac(run: RunConfig) -> None:
         )
 
 
-def _check_freeze(run: RunConfig) -> None:
+def _check_freeze(run: RunConfig, device_type: str) -> None:
     pattern = run.model.freeze
     if pattern is None:
         return
@@ -326,6 +326,14 @@ def _check_freeze(run: RunConfig) -> None:
         raise ConfigError(
             f"model.freeze={pattern}: matches {len(frozen)} of the {len(names)} parameters of model.name={run.model.name}; "
             f"allowed: a regex matching some but not all of {', '.join(names[:4])}, ..."
+        )
+    mem = run.probes.memory
+    if mem.tracker == "module" or (mem.enabled and device_type == "cpu"):
+        # torch's MemTracker registers a gradient hook on every parameter, which a frozen one refuses.
+        raise ConfigError(
+            f"model.freeze={pattern}: torch's MemTracker (the CPU memory probe, probes.memory.tracker=module) cannot "
+            "follow frozen parameters; allowed: probes.memory.enabled=false and probes.memory.tracker=none (on GPU "
+            "the per-phase probe works)"
         )
     if run.mesh.engine == "fsdp1" and not run.fsdp.use_orig_params:
         mixed = mixed_units(model, wrap_units(model, run.wrap), pattern)

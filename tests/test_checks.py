@@ -100,6 +100,9 @@ def test_freeze_matches_names_and_finds_units_mixing_frozen_and_trainable():
     (("model=mlp_stack", "model.freeze=nothing"),
      "error: model.freeze=nothing: matches 0 of the 12 parameters of model.name=mlp_stack; allowed: a regex matching some but not all of layers.0.in_proj.weight, layers.0.in_proj.bias, layers.0.out_proj.weight, layers.0.out_proj.bias, ..."),
     (("model=mlp_stack", "model.freeze='('"), "error: model.freeze=(: not a regular expression (missing ), unterminated subpattern at position 0)"),
+    (("model=mlp_stack", "model.freeze=in_proj"),
+     "error: model.freeze=in_proj: torch's MemTracker (the CPU memory probe, probes.memory.tracker=module) cannot follow "
+     "frozen parameters; allowed: probes.memory.enabled=false and probes.memory.tracker=none (on GPU the per-phase probe works)"),
     (("+experiment=torch_fine_tune", "wrap=block"),
      "error: model.freeze=in_proj with mesh.engine=fsdp1 and fsdp.use_orig_params=false: FSDP units layers.0, layers.1, layers.2 "
      "mix frozen and trainable parameters in one flat parameter; allowed: fsdp.use_orig_params=true, a wrap.policy giving frozen "
