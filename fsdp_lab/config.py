@@ -303,6 +303,11 @@ class RunConfig:
     """train = a real run; estimate = predict memory on a fake process group, one process."""
     name: str = "run"
     """A label for the run (W&B name, report rows)."""
+    checks: list[str] = field(default_factory=list)
+    """Verdicts rank 0 computes at the end into summary.json's checks{name: {ok, value, expected}}
+    (fsdp_lab/checks.py): parity_ok, frozen_unchanged, phases_stable, optimizer_state_in_first_step,
+    tracker_categories_sum_to_peak, tracker_accuracy (GPU), all_gather_per_step:N,
+    reduce_scatter_per_step:N, all_reduce_per_step:N."""
 
 
 def register_schema() -> None:

@@ -126,7 +126,7 @@ class Trainer:
         rank: int, dp_rank: int, dp_group, device: torch.device, memory: PhaseMemory | None,
         throughput: Throughput | None, reference: Reference | None, on_step: Callable[[dict], None],
         accumulation: Accumulation | None = None, comm: CommCounter | None = None,
-        breakdown: ModuleBreakdown | None = None,
+        breakdown: ModuleBreakdown | None = None, frozen_initial: dict[str, torch.Tensor] | None = None,
     ):
         self.model, self.optimizer = model, optimizer
         self.train, self.fault = train, fault
@@ -136,6 +136,8 @@ class Trainer:
         self.accumulation, self.comm = accumulation, comm
         self.checkpointer = None  # a fsdp_lab.checkpoint.Checkpointer, set when checkpoint=dcp
         self.breakdown = breakdown
+        self.frozen_initial = frozen_initial
+        """model.freeze's parameters as they were before training (fsdp_lab.freeze)."""
         self.last_loss: float | None = None
         self.activity = "setup"
 

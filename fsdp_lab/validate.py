@@ -4,17 +4,22 @@ the key, the value and what is allowed. Grow this file with every new knob."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
 from fsdp_lab.checkpoint import CheckpointError, check_compatible, verify
+from fsdp_lab.checks import parse as parse_check
 from fsdp_lab.config import ConfigError, FSDPConfig, MeshConfig, RunConfig, to_run_config
 from fsdp_lab.dist import default_world_size, is_rank_process, resolve_device_type
+from fsdp_lab.freeze import frozen_names, mixed_units
 from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.models import build_model
 from fsdp_lab.parallel.pipeline import MULTI_STAGE_SCHEDULES, STAGE_TYPES, stages_per_rank
 from fsdp_lab.parallel.tp import TP_PLANS
+from fsdp_lab.parallel.wrap import wrap_units
 
 
 def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
@@ -99,6 +104,9 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     _check_pp(run, dims)
     _check_ac(run)
     _check_checkpoint(run)
+    _check_freeze(run, device_type)
+    for spec in run.checks:
+        parse_check(spec)
     mem = run.probes.memory
     if mem.tracker == "module" and not 2 <= mem.tracker_step <= t.steps:
         raise ConfigError(
@@ -301,6 +309,41 @@ def _check_ac(run: RunConfig) -> None:
             "ac.reentrant=true with model=mlp_stack: its first block takes the raw inputs, which need no "
             "gradient, so reentrant checkpointing would drop that block's gradients; allowed: ac.reentrant=false"
         )
+
+
+def _check_freeze(run: RunConfig, device_type: str) -> None:
+    pattern = run.model.freeze
+    if pattern is None:
+        return
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ConfigError(f"model.freeze={pattern}: not a regular expression ({e})") from None
+    with torch.device("meta"):  # names and shapes only: no memory, whatever the model's size
+        model = build_model(run.model, run.train.seed)
+    names, frozen = [n for n, _ in model.named_parameters()], frozen_names(model, pattern)
+    if not frozen or len(frozen) == len(names):
+        raise ConfigError(
+            f"model.freeze={pattern}: matches {len(frozen)} of the {len(names)} parameters of model.name={run.model.name}; "
+            f"allowed: a regex matching some but not all of {', '.join(names[:4])}, ..."
+        )
+    mem = run.probes.memory
+    if mem.tracker == "module" or (mem.enabled and device_type == "cpu"):
+        # torch's MemTracker registers a gradient hook on every parameter, which a frozen one refuses.
+        raise ConfigError(
+            f"model.freeze={pattern}: torch's MemTracker (the CPU memory probe, probes.memory.tracker=module) cannot "
+            "follow frozen parameters; allowed: probes.memory.enabled=false and probes.memory.tracker=none (on GPU "
+            "the per-phase probe works)"
+        )
+    if run.mesh.engine == "fsdp1" and not run.fsdp.use_orig_params:
+        mixed = mixed_units(model, wrap_units(model, run.wrap), pattern)
+        if mixed:
+            raise ConfigError(
+                f"model.freeze={pattern} with mesh.engine=fsdp1 and fsdp.use_orig_params=false: FSDP units "
+                f"{', '.join(mixed)} mix frozen and trainable parameters in one flat parameter; allowed: "
+                "fsdp.use_orig_params=true, a wrap.policy giving frozen parameters their own units (e.g. linear), "
+                "or a pattern freezing whole units"
+            )
 
 
 def _check_checkpoint(run: RunConfig) -> None:

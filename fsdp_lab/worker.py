@@ -20,9 +20,11 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from fsdp_lab.accum import Accumulation
+from fsdp_lab.checks import describe, evaluate
 from fsdp_lab.checkpoint import Checkpointer, resolve_resume, verify
 from fsdp_lab.config import AccumConfig, RunConfig
 from fsdp_lab.dist import DistContext, init_distributed, resolve_device_type, set_determinism
+from fsdp_lab.freeze import freeze
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import build_model, count_params
 from fsdp_lab.optim import build_optimizer
@@ -32,9 +34,9 @@ from fsdp_lab.parallel.pipeline import build_pipeline
 from fsdp_lab.probes.comm import CommCounter
 from fsdp_lab.probes.memory import PhaseMemory
 from fsdp_lab.probes.memory_breakdown import ModuleBreakdown, table_rows, write_breakdown
-from fsdp_lab.probes.parity import TOLERANCES, ParityVerdict
+from fsdp_lab.probes.parity import TOLERANCES, ParityVerdict, change_since
 from fsdp_lab.probes.perf import Throughput
-from fsdp_lab.sinks.files import MetricsFile, keep_metrics_through, write_summary
+from fsdp_lab.sinks.files import MetricsFile, keep_metrics_through, read_metrics, write_summary
 from fsdp_lab.sinks.wandb_sink import WandbSink, mesh_job_type
 from fsdp_lab.train import Reference, Trainer, loss_fn
 
@@ -121,6 +123,7 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step)
     set_determinism(run.train.seed, run.train.deterministic)
     mesh, dp_mesh = dims.build_meshes(ctx.device.type)
     model = build_model(run.model, run.train.seed)
+    frozen_initial = freeze(model, run.model.freeze)  # before the copy: the reference is frozen alike
     reference_model = copy.deepcopy(model) if run.probes.parity.enabled else None
     n_params = count_params(model)
     # Before parallelizing: FSDP1 swaps the parameters for flat shards, which would undercount.
@@ -165,6 +168,7 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step)
         memory=memory, throughput=throughput, reference=reference, on_step=on_step,
         accumulation=Accumulation(model, run.train.accum) if run.train.microbatches > 1 else None,
         comm=CommCounter() if run.probes.comm.enabled else None, breakdown=breakdown,
+        frozen_initial=frozen_initial or None,
     )
 
 
@@ -199,7 +203,13 @@ def _probe_summaries(run: RunConfig, trainer: Trainer) -> dict:
         out["memory"] = trainer.memory.summary()
     if trainer.breakdown is not None:
         report = trainer.breakdown.report
-        out["memory"] = {**(out["memory"] or {}), "tracker_peak_mib": report["peak_mib"], "tracker_accuracy": report["tracker_accuracy"]}
+        out["memory"] = {
+            **(out["memory"] or {}), "tracker_peak_mib": report["peak_mib"],
+            "tracker_peak_categories_mib": report["peak_categories_mib"], "tracker_accuracy": report["tracker_accuracy"],
+        }
+    if trainer.frozen_initial is not None:
+        change, numel = change_since(trainer.model, trainer.frozen_initial)
+        out["frozen"] = {"params": len(trainer.frozen_initial), "compared_numel": numel, "max_abs_change": change}
     if trainer.throughput is not None:
         out["perf"] = trainer.throughput.summary()
     return out
@@ -234,6 +244,10 @@ class _RankZeroSinks:
 
     def close(self, summary: dict) -> None:
         self.metrics.close()
+        if summary["status"] == "ok" and self.run.checks:
+            summary["checks"] = evaluate(self.run.checks, summary, read_metrics(self.metrics.path.parent))
+            for spec, v in summary["checks"].items():
+                print(describe(spec, v), flush=True)
         write_summary(Path(self.metrics.path.parent), summary)
         if self.wandb is not None:
             self.wandb.finish(summary, exit_code=0 if summary["status"] == "ok" else 1)

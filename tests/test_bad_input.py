@@ -53,6 +53,11 @@ CATALOGUE = [
     ("fault.kill_rank=5 fault.at_step=1", "error: fault.kill_rank=5: must be a rank in 0..1"),
     ("fault.kill_rank=1", "error: fault.kill_rank and fault.at_step: set both or neither"),
     ("probes.memory.tracker=module probes.memory.tracker_step=1", "error: probes.memory.tracker_step=1: must be in 2..train.steps=20 (step 1 is the warm-up)"),
+    ("model=mlp_stack model.freeze=nothing", "error: model.freeze=nothing: matches 0 of the 12 parameters of model.name=mlp_stack; allowed: a regex matching some but not all of layers.0.in_proj.weight, layers.0.in_proj.bias, layers.0.out_proj.weight, layers.0.out_proj.bias, ..."),
+    ("model=mlp_stack model.freeze=layers", "error: model.freeze=layers: matches 12 of the 12 parameters of model.name=mlp_stack; allowed: a regex matching some but not all of layers.0.in_proj.weight, layers.0.in_proj.bias, layers.0.out_proj.weight, layers.0.out_proj.bias, ..."),
+    ("model=mlp_stack model.freeze=in_proj", "error: model.freeze=in_proj: torch's MemTracker (the CPU memory probe, probes.memory.tracker=module) cannot follow frozen parameters; allowed: probes.memory.enabled=false and probes.memory.tracker=none (on GPU the per-phase probe works)"),
+    ("+experiment=torch_fine_tune wrap=block", "error: model.freeze=in_proj with mesh.engine=fsdp1 and fsdp.use_orig_params=false: FSDP units layers.0, layers.1, layers.2 mix frozen and trainable parameters in one flat parameter; allowed: fsdp.use_orig_params=true, a wrap.policy giving frozen parameters their own units (e.g. linear), or a pattern freezing whole units"),
+    ("checks=[parity_okay]", "error: checks=parity_okay: allowed are parity_ok, frozen_unchanged, phases_stable, optimizer_state_in_first_step, tracker_categories_sum_to_peak, tracker_accuracy, all_gather_per_step:N, reduce_scatter_per_step:N, all_reduce_per_step:N"),
     ("mode=estimate", "error: mesh.dp_shard=-1: mode=estimate needs the world size; set mesh.dp_shard=N or mesh.world_size=N"),
     ("mode=estimate mesh.engine=ddp mesh.world_size=8", "error: mesh.engine=ddp: mode=estimate cannot predict this; allowed: fsdp2 (FSDPMemTracker follows fully_shard only)"),
 ]

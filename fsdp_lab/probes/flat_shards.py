@@ -12,8 +12,11 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp._common_utils import clean_tensor_name
 
 
-def flat_shard_pairs(model: FSDP, ref_params: dict[str, torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(piece of this rank's flat shard, the matching 1-D slice of the reference parameter)."""
+def flat_shard_pairs(
+    model: FSDP, ref_params: dict[str, torch.Tensor], only: set[str] | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(piece of this rank's flat shard, the matching 1-D slice of the reference parameter), for the
+    parameters named in `only` if given."""
     for name, module in model.named_modules():
         handle = module._handle if isinstance(module, FSDP) else None
         if handle is None:  # an FSDP unit whose parameters all sit in its children
@@ -23,6 +26,8 @@ def flat_shard_pairs(model: FSDP, ref_params: dict[str, torch.Tensor]) -> Iterat
             if not info.in_shard:
                 continue
             full_name = clean_tensor_name(f"{name}.{fqn}" if name else fqn)
+            if only is not None and full_name not in only:
+                continue
             local = flat[info.offset_in_shard : info.offset_in_shard + info.numel_in_shard]
             expected = ref_params[full_name].flatten()[info.intra_param_start_idx : info.intra_param_end_idx + 1]
             yield local, expected

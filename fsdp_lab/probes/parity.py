@@ -60,14 +60,17 @@ def unwrap(module: nn.Module) -> nn.Module:
     return getattr(module, "module", module)
 
 
-def _shard_pairs(model: nn.Module, ref_params: dict[str, torch.Tensor]):
-    """(local shard, matching reference slice) for every parameter this rank holds."""
+def _shard_pairs(model: nn.Module, ref_params: dict[str, torch.Tensor], only: set[str] | None = None):
+    """(local shard, matching reference slice) for every parameter this rank holds (named in `only`, if given)."""
     if is_fsdp1(model):
-        yield from flat_shard_pairs(model, ref_params)
+        yield from flat_shard_pairs(model, ref_params, only)
         return
     for name, param in unwrap(model).named_parameters():
         # An activation-checkpoint wrapper adds a level to the name the reference does not have.
-        expected = ref_params[name.replace(_CHECKPOINT_PREFIX, "")]
+        name = name.replace(_CHECKPOINT_PREFIX, "")
+        if only is not None and name not in only:
+            continue
+        expected = ref_params[name]
         if isinstance(param, DTensor):
             # Every rank holds the full reference, so each slices locally (src_data_rank=None).
             expected = distribute_tensor(expected, param.device_mesh, param.placements, src_data_rank=None)
@@ -76,18 +79,37 @@ def _shard_pairs(model: nn.Module, ref_params: dict[str, torch.Tensor]):
             yield param, expected
 
 
+def _local_worst(model: nn.Module, ref_params: dict[str, torch.Tensor], only: set[str] | None) -> tuple[torch.Tensor, int]:
+    """This rank's largest |local shard - reference slice| and how many elements it compared."""
+    worst, numel = torch.zeros((), dtype=torch.float64), 0
+    for local, expected in _shard_pairs(model, ref_params, only):
+        if local.numel():
+            diff = (local.detach().double().cpu() - expected.double().cpu()).abs().max()
+            worst = torch.maximum(worst, diff)
+            numel += local.numel()
+    return worst, numel
+
+
+def _all_reduce(value: torch.Tensor, op) -> torch.Tensor:
+    if dist.is_initialized():
+        # gloo and nccl both reduce float64 on the device the group uses.
+        value = value.to("cuda" if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(value, op=op)
+    return value
+
+
 @torch.no_grad()
 def max_param_abs_diff(model: nn.Module, reference: nn.Module) -> float:
     """Largest |local shard - reference slice| over all parameters and all ranks."""
     ref_params = {name: p.detach() for name, p in unwrap(reference).named_parameters()}
-    worst = torch.zeros((), dtype=torch.float64)
-    for local, expected in _shard_pairs(model, ref_params):
-        if local.numel():
-            diff = (local.detach().double().cpu() - expected.double().cpu()).abs().max()
-            worst = torch.maximum(worst, diff)
-    if dist.is_initialized():
-        # gloo and nccl both reduce float64 on the device the group uses.
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        worst = worst.to(device)
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return float(worst)
+    worst, _ = _local_worst(model, ref_params, None)
+    return float(_all_reduce(worst, dist.ReduceOp.MAX))
+
+
+@torch.no_grad()
+def change_since(model: nn.Module, initial: dict[str, torch.Tensor]) -> tuple[float, int]:
+    """(largest |local shard - its initial value| over the parameters named in `initial`, on all ranks;
+    the elements compared, summed over ranks: 0 means nothing was compared)."""
+    worst, numel = _local_worst(model, initial, set(initial))
+    worst = float(_all_reduce(worst, dist.ReduceOp.MAX))
+    return worst, int(_all_reduce(torch.tensor(float(numel), dtype=torch.float64), dist.ReduceOp.SUM))

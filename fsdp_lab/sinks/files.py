@@ -44,6 +44,10 @@ def keep_metrics_through(run_dir: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -33,6 +33,7 @@ def job_row(num: int, overrides: Sequence[str], run_dir: Path, *, exited_ok: boo
         "final_loss": s.get("final_loss"), "parity_ok": parity.get("ok"),
         "max_loss_abs_diff": parity.get("max_loss_abs_diff"), "peak_mib": memory.get("peak_mib"),
         "step_time_s": perf.get("step_time_s"), "tokens_per_s": perf.get("tokens_per_s"),
+        "checks": {spec: v["ok"] for spec, v in (s.get("checks") or {}).items()},
     }
 
 
@@ -52,6 +53,11 @@ def finish_sweep(sweep_dir: Path, rows: list[dict], returns: list[JobReturn]) ->
             ret.status = JobStatus.FAILED
             ret.return_value = JobFailed(f"error: {describe(row)} failed: {row['error']} (run dir: {row['run_dir']})")
     print(f"sweep summary: {sweep_dir / SWEEP_SUMMARY_FILE} ({len(rows) - len(failed)} ok, {len(failed)} failed)", flush=True)
+    verdicts = [(row, spec, ok) for row in rows for spec, ok in row["checks"].items()]
+    if verdicts:
+        broken = [f"{describe(row)} {spec}" for row, spec, ok in verdicts if ok is False]
+        print(f"checks: {sum(ok is True for *_, ok in verdicts)} of {len(verdicts)} hold"
+              + (f"; failed: {'; '.join(broken)}" if broken else ""), flush=True)
     if failed:
         names = "; ".join(f"{describe(row)}: {row['error']}" for row in failed)
         print(f"error: {len(failed)} of {len(rows)} sweep jobs failed: {names}", flush=True, file=sys.stderr)
