@@ -55,7 +55,8 @@ def check_estimable(run: RunConfig) -> None:
     refusals = {
         "mesh.engine": (run.mesh.engine, run.mesh.engine != "fsdp2", "allowed: fsdp2 (FSDPMemTracker follows fully_shard only)"),
         "mesh.pp": (run.mesh.pp, run.mesh.pp > 1, "allowed: 1 (pipeline stages are not estimated)"),
-        # DTensor's TP dispatch meets the mesh's real coordinate tensors, which FakeTensorMode refuses.
+        # fully_shard over TP parameters builds a joint DeviceMesh, whose rank lookup (nonzero over
+        # the mesh tensor) has a data-dependent shape that FakeTensorMode cannot run.
         "mesh.tp": (run.mesh.tp, run.mesh.tp > 1, "allowed: 1 (tensor parallelism does not run under the fake backend)"),
         "fsdp.cpu_offload": (run.fsdp.cpu_offload, run.fsdp.cpu_offload, "allowed: false (the estimate runs on one fake device)"),
         "model.compile": (run.model.compile, run.model.compile, "allowed: false (compiled graphs are not traced by the tracker)"),

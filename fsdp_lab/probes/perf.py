@@ -1,8 +1,10 @@
-"""Throughput: step time, tokens/s per device and, on GPUs with a known peak, MFU."""
+"""Throughput: step time, tokens/s per device and, on GPUs with a known peak, MFU; and the
+iteration time, which adds what the loop does around the step (other probes, sinks, checkpoints)."""
 
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -24,10 +26,20 @@ class Throughput:
         self.peak = device_peak_flops(device)
         self.warmup_steps = warmup_steps
         self.step_times: list[float] = []
+        self.iteration_times: list[float] = []
+        self._last_metrics_at: float | None = None
 
     def metrics(self, step_time_s: float) -> dict[str, float | None]:
+        """The step's figures; from the second step on also `perf/iteration_time_s`, the wall time
+        since the previous step's figures: one whole turn of the loop, probes and sinks included."""
         self.step_times.append(step_time_s)
-        return self._figures(step_time_s)
+        out = self._figures(step_time_s)
+        now = time.perf_counter()
+        if self._last_metrics_at is not None:
+            self.iteration_times.append(now - self._last_metrics_at)
+            out["perf/iteration_time_s"] = self.iteration_times[-1]
+        self._last_metrics_at = now
+        return out
 
     def _figures(self, step_time_s: float) -> dict[str, float | None]:
         tokens_per_s = self.tokens_per_device / step_time_s
@@ -38,5 +50,10 @@ class Throughput:
         """Median over the steps after warm-up (all steps if the run is shorter than the warm-up)."""
         timed = self.step_times[self.warmup_steps :] or self.step_times
         if not timed:
-            return {"step_time_s": None, "tokens_per_s": None, "mfu": None}
-        return {k.split("/")[1]: v for k, v in self._figures(statistics.median(timed)).items()}
+            return {"step_time_s": None, "tokens_per_s": None, "mfu": None, "iteration_time_s": None}
+        # iteration_times[i] ends at step i + 2: the same warm-up is left out.
+        iterations = self.iteration_times[max(self.warmup_steps - 1, 0) :] or self.iteration_times
+        return {
+            **{k.split("/")[1]: v for k, v in self._figures(statistics.median(timed)).items()},
+            "iteration_time_s": statistics.median(iterations) if iterations else None,
+        }
