@@ -11,10 +11,14 @@ from torch import nn
 
 from fsdp_lab.config import ModelConfig
 from fsdp_lab.models.convnet import ConvNet
+from fsdp_lab.models.fine_tune import MultiTraversal, UnusedInput
 from fsdp_lab.models.mlp import MLP, MLPStack
 from fsdp_lab.models.transformer import Transformer
 
-MODELS = {"mlp": MLP.from_config, "mlp_stack": MLPStack.from_config, "transformer": Transformer.from_config, "convnet": ConvNet.from_config}
+MODELS = {
+    "mlp": MLP.from_config, "mlp_stack": MLPStack.from_config, "transformer": Transformer.from_config,
+    "convnet": ConvNet.from_config, "unused_input": UnusedInput.from_config, "multi_traversal": MultiTraversal.from_config,
+}
 
 
 def build_model(cfg: ModelConfig, seed: int) -> nn.Module:
