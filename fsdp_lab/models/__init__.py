@@ -1,5 +1,6 @@
 """Model registry. Every model is an `nn.Module` with:
 - `blocks`: the repeated units (the `block` wrap policy and activation checkpointing act on them),
+  which its forward calls through `fsdp_lab.models.blocks.call_block` (ac.impl=manual hooks in there),
 - `synthetic_batch(generator, batch_size, seq_len)`: deterministic (inputs, class targets) on CPU,
 - `tokens_per_sample(seq_len)` and `flops_per_token(seq_len)` for throughput and MFU.
 Every model returns logits and is trained with cross-entropy."""

@@ -1,5 +1,6 @@
 """The orchestrator: parallelize a model in a fixed order — TP, activation checkpointing, compile,
-then data parallelism (FSDP2, FSDP1 or DDP), then AC around the engine's units if asked — each step guarded by the mesh or config and logging one line."""
+then data parallelism (FSDP2, FSDP1 or DDP), then (ac.impl=outer_wrapper) AC around the engine's
+units — each step guarded by the mesh or config and logging one line."""
 
 from __future__ import annotations
 
