@@ -58,6 +58,9 @@ def fine_tune_variants() -> dict[str, list[str]]:
                     f"+experiment={experiment}", f"fsdp.sharding_strategy={strategy}", f"fsdp.use_orig_params={orig}",
                 ]
         out[f"{experiment}/fsdp2"] = [f"+experiment={experiment}", "mesh.engine=fsdp2", "fsdp.sharding_strategy=auto"]
+    # The other axes the experiments' comments sweep (the PyTorch tests' own).
+    out["torch_fine_tune_unused_input/backward_post"] = ["+experiment=torch_fine_tune_unused_input", "fsdp.backward_prefetch_policy=backward_post"]
+    out["torch_fine_tune_multi_traversal/forward_prefetch"] = ["+experiment=torch_fine_tune_multi_traversal", "fsdp.forward_prefetch=1"]
     return out
 
 
