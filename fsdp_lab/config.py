@@ -37,12 +37,13 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 @dataclass
 class ModelConfig:
-    name: str = choice("transformer", "mlp", "mlp_stack", "transformer", "convnet")
-    """Model family, one file each in fsdp_lab/models/."""
+    name: str = choice("transformer", "mlp", "mlp_stack", "transformer", "convnet", "unused_input", "multi_traversal")
+    """Model family, in fsdp_lab/models/ (unused_input, multi_traversal: the fine-tuning models of
+    PyTorch's test_fsdp_fine_tune)."""
     dim: int = 64
     """Width: transformer model dim, MLP in/out features, convnet channels."""
     n_layers: int = 2
-    """Transformer blocks, MLPs in mlp_stack, conv blocks in convnet."""
+    """Transformer blocks, MLPs in mlp_stack, conv blocks in convnet, loop iterations in multi_traversal."""
     n_heads: int = 4
     """Attention heads (transformer)."""
     ffn_dim: int = 128
@@ -127,16 +128,19 @@ class WrapConfig:
 class ACConfig:
     mode: str = choice("none", "none", "full", "selective", "offload")
     """Activation checkpointing: none, every block, every k-th block, or activations offloaded to CPU."""
-    impl: str = choice("composable", "composable", "utils", "wrapper")
-    """checkpoint() from _composable, torch.utils.checkpoint, or checkpoint_wrapper."""
+    impl: str = choice("composable", "composable", "utils", "wrapper", "outer_wrapper", "manual")
+    """checkpoint() from _composable, torch.utils.checkpoint, or checkpoint_wrapper, each applied before
+    the engine: FSDP(checkpoint(block)); outer_wrapper = checkpoint_wrapper around the blocks the
+    engine wrapped: checkpoint(FSDP(block)) (not with DDP); manual = the model's forward calls
+    torch.utils.checkpoint.checkpoint (or enters save_on_cpu) around each block itself."""
     every: int = 2
     """For mode=selective: checkpoint every k-th block (1 = all of them)."""
     selective: str = choice("layer", "layer", "op")
     """For mode=selective: layer = the chosen blocks recompute everything; op = they keep their matmul
     outputs and recompute the rest (an op-level selective checkpointing policy)."""
     reentrant: bool = False
-    """For impl=utils/wrapper with mode=full or selective=layer: the reentrant variant of
-    torch.utils.checkpoint."""
+    """For impl=utils/wrapper/outer_wrapper/manual with mode=full or selective=layer: the reentrant
+    variant of torch.utils.checkpoint."""
 
 
 @dataclass

@@ -105,7 +105,7 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     _check_pp(run, dims)
     _check_ac(run)
     _check_checkpoint(run)
-    _check_freeze(run, device_type)
+    _check_freeze(run)
     for spec in run.checks:
         parse_check(spec)
     mem = run.probes.memory
@@ -295,10 +295,15 @@ def _check_ac(run: RunConfig) -> None:
     ac = run.ac
     if ac.mode == "selective" and ac.every < 1:
         raise ConfigError(f"ac.every={ac.every}: must be >= 1")
+    if ac.impl == "outer_wrapper" and ac.mode != "none" and run.mesh.engine == "ddp":
+        raise ConfigError(
+            "ac.impl=outer_wrapper with mesh.engine=ddp: it wraps the blocks FSDP made units of, and DDP makes none; "
+            "allowed: ac.impl=composable|utils|wrapper|manual, or mesh.engine=fsdp2|fsdp1"
+        )
     if not ac.reentrant:
         return
     if ac.impl == "composable":
-        raise ConfigError("ac.reentrant=true: the composable checkpoint is non-reentrant only; allowed with ac.impl=utils|wrapper")
+        raise ConfigError("ac.reentrant=true: the composable checkpoint is non-reentrant only; allowed with ac.impl=utils|wrapper|outer_wrapper|manual")
     if ac.mode not in ("full", "selective") or (ac.mode == "selective" and ac.selective == "op"):
         raise ConfigError(
             f"ac.reentrant=true: only checkpointing that recomputes whole blocks has a reentrant variant "
@@ -312,7 +317,7 @@ def _check_ac(run: RunConfig) -> None:
         )
 
 
-def _check_freeze(run: RunConfig, device_type: str) -> None:
+def _check_freeze(run: RunConfig) -> None:
     pattern = run.model.freeze
     if pattern is None:
         return
@@ -328,13 +333,11 @@ def _check_freeze(run: RunConfig, device_type: str) -> None:
             f"model.freeze={pattern}: matches {len(frozen)} of the {len(names)} parameters of model.name={run.model.name}; "
             f"allowed: a regex matching some but not all of {', '.join(names[:4])}, ..."
         )
-    mem = run.probes.memory
-    if mem.tracker == "module" or (mem.enabled and device_type == "cpu"):
-        # torch's MemTracker registers a gradient hook on every parameter, which a frozen one refuses.
+    if run.probes.memory.tracker == "module":
+        # torch's (FSDP)MemTracker registers a gradient hook on every parameter, which a frozen one refuses.
         raise ConfigError(
-            f"model.freeze={pattern}: torch's MemTracker (the CPU memory probe, probes.memory.tracker=module) cannot "
-            "follow frozen parameters; allowed: probes.memory.enabled=false and probes.memory.tracker=none (on GPU "
-            "the per-phase probe works)"
+            f"model.freeze={pattern} with probes.memory.tracker=module: torch's module tracker cannot follow frozen "
+            "parameters; allowed: probes.memory.tracker=none (the per-phase probe works)"
         )
     if run.mesh.engine == "fsdp1" and not run.fsdp.use_orig_params:
         mixed = mixed_units(model, wrap_units(model, run.wrap), pattern)

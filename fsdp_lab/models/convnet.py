@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from fsdp_lab.config import ModelConfig
+from fsdp_lab.models.blocks import call_block
 
 
 class ConvNet(nn.Module):
@@ -30,8 +31,8 @@ class ConvNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
-        for layer in self.layers:
-            x = layer(x)
+        for i, layer in enumerate(self.layers):
+            x = call_block(self, i, layer, x)
         return self.head(x)
 
     def synthetic_batch(self, generator: torch.Generator, batch_size: int, seq_len: int):

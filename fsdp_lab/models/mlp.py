@@ -8,6 +8,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from fsdp_lab.config import ModelConfig
+from fsdp_lab.models.blocks import call_block
 
 
 class MLP(nn.Module):
@@ -59,6 +60,6 @@ class MLPStack(MLP):
         return self.layers[0].in_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
+        for i, layer in enumerate(self.layers):
+            x = call_block(self, i, layer, x)
         return x

@@ -11,6 +11,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from fsdp_lab.config import ModelConfig
+from fsdp_lab.models.blocks import call_block
 
 
 def rotary_cos_sin(seq_len: int, head_dim: int, device: torch.device, base: float = 10000.0):
@@ -94,8 +95,8 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
         cos, sin = rotary_cos_sin(tokens.shape[1], self.head_dim, tokens.device)
-        for layer in self.layers:
-            h = layer(h, cos, sin)
+        for i, layer in enumerate(self.layers):
+            h = call_block(self, i, layer, h, cos, sin)
         return self.output(self.norm(h))
 
     def synthetic_batch(self, generator: torch.Generator, batch_size: int, seq_len: int):

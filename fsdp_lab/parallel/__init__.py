@@ -1,5 +1,6 @@
 """The orchestrator: parallelize a model in a fixed order — TP, activation checkpointing, compile,
-then data parallelism (FSDP2, FSDP1 or DDP) — each step guarded by the mesh or config and logging one line."""
+then data parallelism (FSDP2, FSDP1 or DDP), then (ac.impl=outer_wrapper) AC around the engine's
+units — each step guarded by the mesh or config and logging one line."""
 
 from __future__ import annotations
 
@@ -33,5 +34,8 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh, dp_mesh, run: RunCon
         return apply_ddp(model, dp_mesh, device)
     units = wrap_units(model, run.wrap)
     if run.mesh.engine == "fsdp1":
-        return apply_fsdp1(model, mesh[dims.fsdp_dim_names], units, run.fsdp, device)
-    return apply_fsdp2(model, mesh[dims.fsdp_dim_names], units, run.fsdp)
+        model = apply_fsdp1(model, mesh[dims.fsdp_dim_names], units, run.fsdp, device)
+    else:
+        model = apply_fsdp2(model, mesh[dims.fsdp_dim_names], units, run.fsdp)
+    apply_ac(model, run.ac, after_engine=True)  # ac.impl=outer_wrapper: checkpoint(FSDP(block))
+    return model

@@ -1,12 +1,16 @@
-"""Activation checkpointing of `model.blocks`, applied before data parallelism so it composes with
-any engine (FSDP2, FSDP1, DDP): the engine only ever sees blocks whose forward recomputes (or
-offloads) its activations.
+"""Activation checkpointing of `model.blocks`, mostly applied before data parallelism so it composes
+with any engine (FSDP2, FSDP1, DDP): the engine only ever sees blocks whose forward recomputes (or
+offloads) its activations — FSDP(checkpoint(block)).
 
-Three implementations of the same idea:
+Five implementations of the same idea (PyTorch's test_fsdp_checkpoint compares the last three):
 - composable: `torch.distributed._composable.checkpoint`, forward hooks on the block, in place;
 - utils: the block's forward routed through `torch.utils.checkpoint.checkpoint`, in place;
 - wrapper: `checkpoint_wrapper` / `offload_wrapper` modules replacing the blocks in their parent
-  (parameter names gain `_checkpoint_wrapped_module.`; state dicts and parity strip it).
+  (parameter names gain `_checkpoint_wrapped_module.`; state dicts and parity strip it);
+- outer_wrapper: the same wrappers put around the blocks after the engine wrapped them,
+  checkpoint(FSDP(block)): the unit's all-gather is part of what backward recomputes;
+- manual: the model's own forward calls `torch.utils.checkpoint.checkpoint` (or enters
+  `save_on_cpu`) around the block (`fsdp_lab.models.blocks.call_block`), as user code would.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from fsdp_lab.config import ACConfig
+from fsdp_lab.probes.parity import unwrap
 
 log = logging.getLogger(__name__)
 
@@ -55,42 +60,57 @@ def chosen_blocks(blocks: list[nn.Module], cfg: ACConfig) -> list[int]:
     return list(range(len(blocks)))
 
 
-def apply_ac(model: nn.Module, cfg: ACConfig) -> None:
-    """Checkpoint (or offload) the chosen blocks of `model` according to `cfg`, in place."""
-    if cfg.mode == "none":
+def apply_ac(model: nn.Module, cfg: ACConfig, *, after_engine: bool = False) -> None:
+    """Checkpoint (or offload) the chosen blocks of `model` according to `cfg`, in place. The
+    orchestrator calls it before and after the engine wraps the model: ac.impl=outer_wrapper acts
+    on the second call, every other implementation on the first."""
+    if cfg.mode == "none" or (cfg.impl == "outer_wrapper") != after_engine:
         return
-    blocks = model.blocks
+    blocks = unwrap(model).blocks
     indices = chosen_blocks(blocks, cfg)
-    transform = _offload if cfg.mode == "offload" else _checkpoint
-    for i in indices:
-        replacement = transform(blocks[i], cfg)
-        if replacement is not blocks[i]:
-            _replace_child(model, blocks[i], replacement)
+    if cfg.impl == "manual":
+        model.block_calls = {i: _runner(cfg) for i in indices}
+    else:
+        transform = _offload if cfg.mode == "offload" else _checkpoint
+        for i in indices:
+            replacement = transform(blocks[i], cfg)
+            if replacement is not blocks[i]:
+                _replace_child(model, blocks[i], replacement)
     policy = f", selective={cfg.selective}" if cfg.mode == "selective" else ""
     log.info("ac: mode=%s impl=%s on %d of %d blocks%s", cfg.mode, cfg.impl, len(indices), len(blocks), policy)
 
 
-def _checkpoint(block: nn.Module, cfg: ACConfig) -> nn.Module:
-    kwargs = {}
+def _checkpoint_kwargs(cfg: ACConfig) -> dict:
     if cfg.mode == "selective" and cfg.selective == "op":
-        kwargs["context_fn"] = save_matmuls_context
+        return {"context_fn": save_matmuls_context}
+    return {}
+
+
+def _runner(cfg: ACConfig) -> Callable:
+    """`runner(fn, *args, **kwargs)`: calls fn under checkpoint or save_on_cpu (impl=utils, manual)."""
+    if cfg.mode == "offload":
+        return functools.partial(_on_cpu, torch.cuda.is_available())
+    return functools.partial(checkpoint, use_reentrant=cfg.reentrant, **_checkpoint_kwargs(cfg))
+
+
+def _checkpoint(block: nn.Module, cfg: ACConfig) -> nn.Module:
     if cfg.impl == "composable":
-        composable_checkpoint(block, **kwargs)
+        composable_checkpoint(block, **_checkpoint_kwargs(cfg))
         return block
     if cfg.impl == "utils":
-        _route_forward(block, functools.partial(checkpoint, use_reentrant=cfg.reentrant, **kwargs))
+        _route_forward(block, _runner(cfg))
         return block
     impl = CheckpointImpl.REENTRANT if cfg.reentrant else CheckpointImpl.NO_REENTRANT
-    return checkpoint_wrapper(block, checkpoint_impl=impl, **kwargs)
+    return checkpoint_wrapper(block, checkpoint_impl=impl, **_checkpoint_kwargs(cfg))
 
 
 def _offload(block: nn.Module, cfg: ACConfig) -> nn.Module:
-    pin = torch.cuda.is_available()
-    if cfg.impl == "wrapper":
+    if cfg.impl in ("wrapper", "outer_wrapper"):
         return offload_wrapper(block)
     if cfg.impl == "utils":
-        _route_forward(block, lambda forward, *args, **kwargs: _on_cpu(pin, forward, *args, **kwargs))
+        _route_forward(block, _runner(cfg))
         return block
+    pin = torch.cuda.is_available()
     # composable: the saved-tensor hooks are entered and left by forward hooks, as checkpoint() does.
     contexts: list = []
 

@@ -21,6 +21,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from fsdp_lab.config import MeshConfig, ModelConfig
 from fsdp_lab.models import build_model
+from fsdp_lab.models.blocks import call_block
 from fsdp_lab.models.transformer import rotary_cos_sin
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,8 @@ class TransformerStage(_Stage):
             h = self.tok_embeddings(h)
         # From the configured length, not h: with sequence parallelism a stage receives only its shard.
         cos, sin = rotary_cos_sin(self.seq_len, self.head_dim, h.device)
-        for layer in self.blocks:
-            h = layer(h, cos, sin)
+        for i, layer in enumerate(self.blocks):
+            h = call_block(self, i, layer, h, cos, sin)
         if self.output is not None:
             h = self.output(self.norm(h))
         return h
@@ -83,8 +84,8 @@ class MLPStackStage(_Stage):
         super().__init__(model, layer_ids, whole)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.blocks:
-            x = layer(x)
+        for i, layer in enumerate(self.blocks):
+            x = call_block(self, i, layer, x)
         return x
 
 

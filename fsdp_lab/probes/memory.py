@@ -17,6 +17,15 @@ PHASES = ("start", "after_fwd", "after_loss", "after_bwd", "after_step", "done")
 MIB = 2**20
 
 
+class TotalsTracker(MemTracker):
+    """MemTracker without its gradient hooks on parameters, which only sort gradients into their
+    category: the totals the phases read count them all the same (every tensor an op creates is
+    counted). A frozen parameter or an FSDP1 use_orig_params view (not a leaf) refuses those hooks."""
+
+    def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True) -> tuple[int, int]:
+        return super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+
+
 def tracker_total(tracker: MemTracker, device: torch.device, kind: str = "current") -> int:
     """Bytes a (FSDP)MemTracker counts on `device` now (`current`) or at its peak (`peak`)."""
     return tracker.get_tracker_snapshot(kind).get(device, {}).get("Total", 0)
@@ -34,7 +43,7 @@ class PhaseMemory:
         self._own_tracker: MemTracker | None = None
         self._tracker: MemTracker | None = None
         if not self.on_gpu:
-            self._own_tracker = MemTracker()
+            self._own_tracker = TotalsTracker()
             self._own_tracker.track_external(model, optimizer)
 
     @contextlib.contextmanager

@@ -1,0 +1,76 @@
+"""The fine-tuning models of PyTorch's test_fsdp_fine_tune, as classifiers over `dim` features; every
+linear is a block (one FSDP unit each with wrap=block), the experiment freezes one of them.
+
+- `UnusedInput` (ModelUnusedInput): three linears, each also handed an input it ignores; with
+  `layer1_frozen` frozen and inputs that need no gradient, that unit's output has no autograd graph,
+  so FSDP1 reshards it in backward through its reshard-only hook, never having unsharded it there.
+- `MultiTraversal` (the multi-traversal module): `layer_with_grad` runs several times per forward,
+  once of each pair under no_grad, next to a frozen `layer_no_grad`: FSDP must unshard and reshard
+  the same unit again and again within one forward."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fsdp_lab.config import ModelConfig
+from fsdp_lab.models.blocks import call_block
+from fsdp_lab.models.mlp import MLP
+
+
+class LinearUnusedInput(nn.Linear):
+    def forward(self, used: torch.Tensor, unused: torch.Tensor) -> torch.Tensor:
+        return super().forward(used)
+
+
+class UnusedInput(MLP):
+    def __init__(self, dim: int):
+        nn.Module.__init__(self)
+        self.layer0 = LinearUnusedInput(dim, dim)
+        self.layer1_frozen = LinearUnusedInput(dim, dim)
+        self.layer2 = LinearUnusedInput(dim, dim)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> UnusedInput:
+        return cls(cfg.dim)
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return [self.layer0, self.layer1_frozen, self.layer2]
+
+    @property
+    def in_proj(self) -> nn.Linear:
+        return self.layer0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # 4 x dim logits: the three outputs and the input itself, as the test concatenates them.
+        return torch.cat([*(call_block(self, i, layer, x, x) for i, layer in enumerate(self.blocks)), x], dim=-1)
+
+
+class MultiTraversal(MLP):
+    def __init__(self, dim: int, traversals: int):
+        nn.Module.__init__(self)
+        self.layer_0 = nn.Linear(dim, dim)
+        self.layer_no_grad = nn.Linear(dim, dim)
+        self.layer_with_grad = nn.Linear(dim, dim)
+        self.traversals = traversals
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> MultiTraversal:
+        return cls(cfg.dim, cfg.n_layers)
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return [self.layer_0, self.layer_no_grad, self.layer_with_grad]
+
+    @property
+    def in_proj(self) -> nn.Linear:
+        return self.layer_0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = call_block(self, 0, self.layer_0, x)
+        for _ in range(self.traversals):
+            x = call_block(self, 1, self.layer_no_grad, call_block(self, 2, self.layer_with_grad, x))
+            with torch.no_grad():
+                x += call_block(self, 2, self.layer_with_grad, x)
+        return x
