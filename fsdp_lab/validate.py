@@ -355,6 +355,13 @@ def _check_checkpoint(run: RunConfig) -> None:
     for key in ("interval", "keep"):
         if getattr(c, key) < 1:
             raise ConfigError(f"checkpoint.{key}={getattr(c, key)}: must be >= 1")
+    if c.kind == "dcp" and run.mesh.engine == "fsdp1" and run.ac.mode != "none" and run.ac.impl in ("wrapper", "outer_wrapper"):
+        # torch's set_state_dict looks FSDP1's parameters up under their checkpoint_wrapper names
+        # (KeyError on resume): a checkpoint that could not be loaded is not written at all.
+        raise ConfigError(
+            f"checkpoint.kind=dcp with mesh.engine=fsdp1 and ac.impl={run.ac.impl}: torch cannot load FSDP1 "
+            "state through checkpoint wrappers; allowed: ac.impl=composable, utils or manual, or mesh.engine=fsdp2"
+        )
     if c.resume not in (None, "auto"):
         try:
             check_compatible(Path(c.resume), verify(Path(c.resume)), run)

@@ -22,6 +22,8 @@ pytestmark = pytest.mark.bad_input
 # come from Hydra and are printed by it; ours start with "error: ".
 CATALOGUE = [
     ("train.steps=0", "error: train.steps=0: must be >= 1"),
+    ("+experiment=torch_fsdp_checkpoint checkpoint=dcp", "error: checkpoint.kind=dcp with mesh.engine=fsdp1 and ac.impl=wrapper: "
+     "torch cannot load FSDP1 state through checkpoint wrappers; allowed: ac.impl=composable, utils or manual, or mesh.engine=fsdp2"),
     ("train.steps=-3", "error: train.steps=-3: must be >= 1"),
     ("train.batch_size=0", "error: train.batch_size=0: must be >= 1"),
     ("train.microbatches=3", "error: train.microbatches=3: must divide train.batch_size=4"),
