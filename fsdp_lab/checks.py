@@ -56,14 +56,15 @@ def phases_stable(summary: dict, rows: list[dict]) -> Verdict:
 
 def optimizer_state_in_first_step(summary: dict, rows: list[dict]) -> Verdict:
     """Iteration 1's optimizer step creates the optimizer state, and that is what stays: the growth
-    from after_bwd to after_step of step 1 (value) is > 0 and within 1% of the growth of the start of
-    the step from step 1 to step 2 (expected; FSDP's lazy initialisation in step 1 keeps a few bytes too)."""
+    from after_bwd to after_step of step 1 (value) is > 0 and within 1% or 8 KiB of the growth of the
+    start of the step from step 1 to step 2 (expected). FSDP's lazy initialisation in step 1 keeps a
+    few small tensors too, which the CUDA allocator rounds up to 512-byte blocks."""
     phases = _phase_rows(rows)
     if len(phases) < 2 or not all(k in phases[0] for k in ("after_bwd", "after_step")) or "start" not in phases[1]:
         return verdict(False, "missing per-phase memory", ">= 2 steps with probes.memory.enabled=true")
     created = phases[0]["after_step"] - phases[0]["after_bwd"]
     kept = phases[1]["start"] - phases[0]["start"]
-    return verdict(created > 0 and math.isclose(created, kept, rel_tol=0.01), created, kept)
+    return verdict(created > 0 and math.isclose(created, kept, rel_tol=0.01, abs_tol=8 / 1024), created, kept)
 
 
 def _per_step_count(kind: str) -> Callable[[dict, list[dict], str], Verdict]:
