@@ -60,6 +60,8 @@ def check_estimable(run: RunConfig) -> None:
         "mesh.tp": (run.mesh.tp, run.mesh.tp > 1, "allowed: 1 (tensor parallelism does not run under the fake backend)"),
         "fsdp.cpu_offload": (run.fsdp.cpu_offload, run.fsdp.cpu_offload, "allowed: false (the estimate runs on one fake device)"),
         "model.compile": (run.model.compile, run.model.compile, "allowed: false (compiled graphs are not traced by the tracker)"),
+        "fsdp.cast_after_sharding": (run.fsdp.cast_after_sharding, run.fsdp.cast_after_sharding is not None, "allowed: null (the estimate does not cast)"),
+        "train.standalone_layer": (run.train.standalone_layer, run.train.standalone_layer is not None, "allowed: null (the estimate runs one step of the whole model)"),
     }
     for key, (value, refused, allowed) in refusals.items():
         if refused:
