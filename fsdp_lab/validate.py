@@ -296,6 +296,8 @@ def _check_pp(run: RunConfig, dims: ParallelDims) -> None:
             f"train.microbatches={n_mb}: mesh.pp_schedule={m.pp_schedule} needs a multiple of its rounds, "
             f"max(1, {n_mb} // mesh.pp={pp}) = {rounds}"
         )
+
+
 def _check_module_calls(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     """Settings that call the model's modules in other ways than one forward of the whole model."""
     model, t, f = run.model, run.train, run.fsdp
