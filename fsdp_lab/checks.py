@@ -98,9 +98,17 @@ def tracker_accuracy(summary: dict, rows: list[dict]) -> Verdict:
     return verdict(0.9 <= accuracy <= 1.1, accuracy, "0.9..1.1")
 
 
+def resumed(summary: dict, rows: list[dict]) -> Verdict:
+    """The run continued from a checkpoint (checkpoint.resume, or a restart with checkpoint.resume=auto)
+    and reports every step from 1 on, each once."""
+    origin = (summary.get("checkpoint") or {}).get("resumed_from")
+    steps = [r["step"] for r in rows]
+    return verdict(origin is not None and steps == list(range(1, summary["steps"] + 1)), origin, "a checkpoint, steps 1..N once each")
+
+
 CHECKS: dict[str, Callable[[dict, list[dict]], Verdict]] = {
     f.__name__: f
-    for f in (parity_ok, frozen_unchanged, phases_stable, optimizer_state_in_first_step, tracker_categories_sum_to_peak, tracker_accuracy)
+    for f in (parity_ok, frozen_unchanged, phases_stable, optimizer_state_in_first_step, tracker_categories_sum_to_peak, tracker_accuracy, resumed)
 }
 COUNT_CHECKS = {f"{kind}_per_step": _per_step_count(kind) for kind in ("all_gather", "reduce_scatter", "all_reduce")}
 

@@ -37,9 +37,9 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 @dataclass
 class ModelConfig:
-    name: str = choice("transformer", "mlp", "mlp_stack", "transformer", "convnet", "unused_input", "multi_traversal")
+    name: str = choice("transformer", "mlp", "mlp_stack", "transformer", "convnet", "unused_input", "multi_traversal", "vit")
     """Model family, in fsdp_lab/models/ (unused_input, multi_traversal: the fine-tuning models of
-    PyTorch's test_fsdp_fine_tune)."""
+    PyTorch's test_fsdp_fine_tune; vit: its register_fsdp_forward_method case)."""
     dim: int = 64
     """Width: transformer model dim, MLP in/out features, convnet channels."""
     n_layers: int = 2
@@ -60,6 +60,9 @@ class ModelConfig:
     """torch.compile each block before sharding."""
     freeze: Optional[str] = None
     """Regex over parameter names; matching parameters get requires_grad=False (fine-tuning)."""
+    layer_order: Optional[list[int]] = None
+    """The blocks' call order in forward (transformer, mlp_stack), repeats allowed: [0, 0, 1] runs
+    block 0 twice (a module used several times in one forward); null = each block once, in order."""
 
 
 @dataclass
@@ -103,6 +106,13 @@ class FSDPConfig:
     fsdp1 prefetches at most one block: 1 sets its forward_prefetch."""
     backward_prefetch: int = 0
     """Blocks to all-gather ahead in backward (explicit prefetch); 0 = FSDP's implicit prefetch."""
+    post_optim_event: bool = False
+    """fsdp2: after every optimizer.step record an event on the current stream and hand it to the root
+    (set_post_optim_event): its next all-gathers wait on that event, not on the whole stream. CPU has
+    no events (its ops run in order), so there the run trains as without."""
+    cast_after_sharding: Optional[str] = choice(None, *DTYPES)
+    """fsdp2: cast the sharded model with module.to(dtype) after fully_shard (the parity reference and
+    the floating inputs alike); null = keep the parameters' dtype."""
     sharding_strategy: str = choice(
         "auto", "auto", "full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2"
     )
@@ -260,6 +270,9 @@ class TrainConfig:
     """Deterministic GPU kernels (torch.use_deterministic_algorithms): repeatable runs, slower steps."""
     accum: AccumConfig = field(default_factory=AccumConfig)
     """Gradient accumulation over train.microbatches."""
+    standalone_layer: Optional[int] = None
+    """mlp_stack: after each optimizer step, block N alone (a non-root FSDP unit) runs forward and
+    backward on the step's batch, then a second optimizer step follows; null = off."""
 
 
 @dataclass
@@ -310,7 +323,7 @@ class RunConfig:
     checks: list[str] = field(default_factory=list)
     """Verdicts rank 0 computes at the end into summary.json's checks{name: {ok, value, expected}}
     (fsdp_lab/checks.py): parity_ok, frozen_unchanged, phases_stable, optimizer_state_in_first_step,
-    tracker_categories_sum_to_peak, tracker_accuracy (GPU), all_gather_per_step:N,
+    tracker_categories_sum_to_peak, tracker_accuracy (GPU), resumed, all_gather_per_step:N,
     reduce_scatter_per_step:N, all_reduce_per_step:N."""
 
 

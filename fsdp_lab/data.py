@@ -14,8 +14,11 @@ def batch_generator(seed: int, step: int, dp_rank: int) -> torch.Generator:
 
 def microbatches(
     model: nn.Module, *, seed: int, step: int, dp_rank: int, batch_size: int, seq_len: int, n: int,
-    device: torch.device,
+    device: torch.device, dtype: torch.dtype = torch.float32,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's batch for `step`, split into `n` (inputs, targets) microbatches on `device`."""
+    """This rank's batch for `step`, split into `n` (inputs, targets) microbatches on `device`;
+    floating inputs in `dtype` (the parameters')."""
     inputs, targets = model.synthetic_batch(batch_generator(seed, step, dp_rank), batch_size, seq_len)
+    if inputs.is_floating_point():
+        inputs = inputs.to(dtype)
     return [(x.to(device), y.to(device)) for x, y in zip(inputs.chunk(n), targets.chunk(n))]

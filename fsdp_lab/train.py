@@ -10,6 +10,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -26,11 +27,15 @@ from fsdp_lab.probes.memory_breakdown import ModuleBreakdown
 from fsdp_lab.probes.parity import ParityVerdict, max_param_abs_diff, unwrap
 from fsdp_lab.probes.perf import Throughput
 
+if TYPE_CHECKING:
+    from fsdp_lab.standalone import StandaloneLayer
+
 log = logging.getLogger(__name__)
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+    # At least float32 (a float64 model keeps its precision).
+    return F.cross_entropy(logits.flatten(0, -2).to(torch.promote_types(logits.dtype, torch.float32)), targets.flatten())
 
 
 # What a rank is doing after each phase mark: named in the error when a collective times out.
@@ -61,7 +66,7 @@ def forward_backward(
             mark("after_loss")
             loss.backward()
             mark("after_bwd")
-        total += loss.detach()
+        total = total + loss.detach()  # out of place: a float64 loss stays float64
     return total
 
 
@@ -127,6 +132,7 @@ class Trainer:
         throughput: Throughput | None, reference: Reference | None, on_step: Callable[[dict], None],
         accumulation: Accumulation | None = None, comm: CommCounter | None = None,
         breakdown: ModuleBreakdown | None = None, frozen_initial: dict[str, torch.Tensor] | None = None,
+        standalone: StandaloneLayer | None = None,
     ):
         self.model, self.optimizer = model, optimizer
         self.train, self.fault = train, fault
@@ -138,8 +144,11 @@ class Trainer:
         self.breakdown = breakdown
         self.frozen_initial = frozen_initial
         """model.freeze's parameters as they were before training (fsdp_lab.freeze)."""
+        self.standalone = standalone
+        """train.standalone_layer: a block's own forward/backward and optimizer step after each step."""
         self.last_loss: float | None = None
         self.activity = "setup"
+        self.input_dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
 
     def _around_microbatch(self, index: int, count: int) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()
@@ -158,7 +167,7 @@ class Trainer:
         return microbatches(
             unwrap(self.model),
             seed=cfg.seed, step=step, dp_rank=self.dp_rank, batch_size=cfg.batch_size,
-            seq_len=cfg.seq_len, n=cfg.microbatches, device=self.device,
+            seq_len=cfg.seq_len, n=cfg.microbatches, device=self.device, dtype=self.input_dtype,
         )
 
     def _global_mean(self, local: torch.Tensor) -> float:
@@ -192,6 +201,9 @@ class Trainer:
                 local_loss = train_step(self.model, self.optimizer, batches, mark, self._around_microbatch)
             loss = self._global_mean(local_loss)  # .item() inside: the step's kernels are done
             row = {"step": step + 1, "loss": loss}
+            if self.standalone is not None:
+                self.activity = f"step {step + 1}: standalone block forward/backward"
+                row["standalone/loss"] = self._global_mean(self.standalone.step(self.model, self.optimizer, batches))
             if self.throughput is not None:
                 row.update(self.throughput.metrics(time.perf_counter() - t0))
             if self.comm is not None:
@@ -201,7 +213,7 @@ class Trainer:
             if tracked is not None:
                 row["memory/tracker_accuracy"] = tracked.report["tracker_accuracy"]
             if self.reference is not None:
-                row.update(self._check_parity(step, batches, loss))
+                row.update(self._check_parity(step, batches, loss, row.get("standalone/loss")))
             self.last_loss = loss
             self.on_step(row)
             if self.checkpointer is not None:
@@ -209,12 +221,16 @@ class Trainer:
         if self.checkpointer is not None:
             self.checkpointer.finish()
 
-    def _check_parity(self, step: int, batches, loss: float) -> dict[str, float]:
+    def _check_parity(self, step: int, batches, loss: float, standalone_loss: float | None) -> dict[str, float]:
         ref = self.reference
         self.activity = f"step {step + 1}: parity reference step (DDP all-reduce)"
         ref_loss = self._global_mean(train_step(ref.model, ref.optimizer, batches, unmeasured, ref.accumulation.microbatch))
         out = {"parity/loss_abs_diff": abs(loss - ref_loss)}
         ref.verdict.update_loss(out["parity/loss_abs_diff"])
+        if self.standalone is not None:
+            ref_standalone = self._global_mean(self.standalone.step(ref.model, ref.optimizer, batches))
+            out["parity/standalone_loss_abs_diff"] = abs(standalone_loss - ref_standalone)
+            ref.verdict.update_loss(out["parity/standalone_loss_abs_diff"])
         if (step + 1) % ref.param_every == 0 or step + 1 == self.train.steps:
             out["parity/param_max_abs_diff"] = max_param_abs_diff(self.model, ref.model)
             ref.verdict.update_params(out["parity/param_max_abs_diff"])

@@ -60,6 +60,8 @@ def check_estimable(run: RunConfig) -> None:
         "mesh.tp": (run.mesh.tp, run.mesh.tp > 1, "allowed: 1 (tensor parallelism does not run under the fake backend)"),
         "fsdp.cpu_offload": (run.fsdp.cpu_offload, run.fsdp.cpu_offload, "allowed: false (the estimate runs on one fake device)"),
         "model.compile": (run.model.compile, run.model.compile, "allowed: false (compiled graphs are not traced by the tracker)"),
+        "fsdp.cast_after_sharding": (run.fsdp.cast_after_sharding, run.fsdp.cast_after_sharding is not None, "allowed: null (the estimate does not cast)"),
+        "train.standalone_layer": (run.train.standalone_layer, run.train.standalone_layer is not None, "allowed: null (the estimate runs one step of the whole model)"),
     }
     for key, (value, refused, allowed) in refusals.items():
         if refused:
@@ -106,6 +108,7 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     _check_ac(run)
     _check_checkpoint(run)
     _check_freeze(run)
+    _check_module_calls(run, dims, device_type)
     for spec in run.checks:
         parse_check(spec)
     mem = run.probes.memory
@@ -143,6 +146,8 @@ ENGINE_KNOBS = {
     "cpu_offload": ("fsdp2", "fsdp1"),
     "forward_prefetch": ("fsdp2", "fsdp1"),
     "backward_prefetch": ("fsdp2",),
+    "post_optim_event": ("fsdp2",),
+    "cast_after_sharding": ("fsdp2",),
     "sharding_strategy": ("fsdp1",),
     "use_orig_params": ("fsdp1",),
     "backward_prefetch_policy": ("fsdp1",),
@@ -291,6 +296,39 @@ def _check_pp(run: RunConfig, dims: ParallelDims) -> None:
             f"train.microbatches={n_mb}: mesh.pp_schedule={m.pp_schedule} needs a multiple of its rounds, "
             f"max(1, {n_mb} // mesh.pp={pp}) = {rounds}"
         )
+
+
+def _check_module_calls(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
+    """Settings that call the model's modules in other ways than one forward of the whole model."""
+    model, t, f = run.model, run.train, run.fsdp
+    if model.layer_order is not None:
+        if model.name not in ("transformer", "mlp_stack"):
+            raise ConfigError(f"model.layer_order={model.layer_order}: model.name={model.name} has no blocks to order; allowed with transformer, mlp_stack")
+        if not model.layer_order or not all(0 <= i < model.n_layers for i in model.layer_order):
+            raise ConfigError(f"model.layer_order={model.layer_order}: block indices in 0..{model.n_layers - 1} (model.n_layers={model.n_layers}), at least one")
+        if run.probes.comm.enabled and len(set(model.layer_order)) < len(model.layer_order):
+            # CommDebugMode's module tracker loses its place when a module's forward runs a second time (IndexError).
+            raise ConfigError(f"probes.comm.enabled=true with model.layer_order={model.layer_order}: CommDebugMode cannot follow a block called twice; allowed: probes.comm.enabled=false")
+    if t.standalone_layer is not None:
+        if model.name != "mlp_stack":
+            raise ConfigError(f"train.standalone_layer={t.standalone_layer}: needs a block that takes the model's inputs and returns logits; allowed with model.name=mlp_stack")
+        if not 0 <= t.standalone_layer < model.n_layers:
+            raise ConfigError(f"train.standalone_layer={t.standalone_layer}: a block index in 0..{model.n_layers - 1} (model.n_layers={model.n_layers})")
+        if run.mesh.engine == "fsdp1":
+            raise ConfigError(f"train.standalone_layer={t.standalone_layer} with mesh.engine=fsdp1: an inner FSDP1 unit cannot run alone; allowed: mesh.engine=fsdp2|ddp")
+    if model.name == "vit" and run.mesh.engine == "fsdp1":
+        raise ConfigError("model.name=vit with mesh.engine=fsdp1: FSDP1 unshards a unit around forward only, not around encoder.forward_features; allowed: mesh.engine=fsdp2|ddp")
+    if model.name == "vit" and run.ac.mode != "none":
+        raise ConfigError(f"ac.mode={run.ac.mode} with model.name=vit: its encoder runs through forward_features, which activation checkpointing does not wrap; allowed: ac=none")
+    if dims.pp_enabled:
+        for key, value in (("model.layer_order", model.layer_order), ("train.standalone_layer", t.standalone_layer),
+                           ("fsdp.cast_after_sharding", f.cast_after_sharding), ("fsdp.post_optim_event", f.post_optim_event or None)):
+            if value is not None:
+                raise ConfigError(f"{key}={_show(value)} with mesh.pp={dims.pp}: pipeline stages run the blocks in order, once, and own their optimizer hooks; allowed with mesh.pp=1")
+    if f.cast_after_sharding == "float16" and device_type == "cpu":
+        raise ConfigError("fsdp.cast_after_sharding=float16: not supported on CPU; allowed here: float64, float32, bfloat16, null")
+
+
 def _check_ac(run: RunConfig) -> None:
     ac = run.ac
     if ac.mode == "selective" and ac.every < 1:

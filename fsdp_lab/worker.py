@@ -30,6 +30,7 @@ from fsdp_lab.models import build_model, count_params
 from fsdp_lab.optim import build_optimizer
 from fsdp_lab.parallel import parallelize
 from fsdp_lab.parallel.ddp import apply_ddp
+from fsdp_lab.parallel.fsdp2 import cast_after_sharding, record_post_optim_event
 from fsdp_lab.parallel.pipeline import build_pipeline
 from fsdp_lab.probes.comm import CommCounter
 from fsdp_lab.probes.memory import PhaseMemory
@@ -38,6 +39,7 @@ from fsdp_lab.probes.parity import TOLERANCES, ParityVerdict, change_since
 from fsdp_lab.probes.perf import Throughput
 from fsdp_lab.sinks.files import MetricsFile, keep_metrics_through, read_metrics, write_summary
 from fsdp_lab.sinks.wandb_sink import WandbSink, mesh_job_type
+from fsdp_lab.standalone import StandaloneLayer
 from fsdp_lab.train import Reference, Trainer, loss_fn
 
 log = logging.getLogger("fsdp_lab")
@@ -64,7 +66,7 @@ def _raise_terminated(signum, frame):
 def _compute_dtype(run: RunConfig) -> torch.dtype:
     if run.mesh.engine != "ddp" and run.fsdp.param_dtype:
         return getattr(torch, run.fsdp.param_dtype)
-    return torch.float32
+    return getattr(torch, run.fsdp.cast_after_sharding or "float32")
 
 
 def base_summary(run: RunConfig, dims: ParallelDims, device: str) -> dict:
@@ -137,7 +139,14 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step)
         )
     else:
         model = parallelize_one(model)
+    if run.fsdp.cast_after_sharding:
+        dtype = getattr(torch, run.fsdp.cast_after_sharding)
+        cast_after_sharding(model, dtype)
+        if reference_model is not None:  # before DDP wraps it: DDP's buckets take the parameters' dtype
+            reference_model.to(dtype)
     optimizer = build_optimizer(model.parameters(), run.optim, ctx.device)
+    if run.fsdp.post_optim_event:
+        record_post_optim_event(model, optimizer, ctx.device)
     if ctx.is_main:
         log.info("model %s: %.2fM params, mesh %s, engine %s", run.model.name, n_params / 1e6, dims.as_dict(), run.mesh.engine)
     reference = None
@@ -148,7 +157,7 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step)
         reference = Reference(
             model=ref, optimizer=build_optimizer(ref.parameters(), run.optim, ctx.device),
             accumulation=Accumulation(ref, AccumConfig(sync=ref_sync)),
-            verdict=ParityVerdict(tolerance=TOLERANCES[_compute_dtype(run)], reference="ddp-fp32"),
+            verdict=ParityVerdict(tolerance=TOLERANCES[_compute_dtype(run)], reference=f"ddp-{run.fsdp.cast_after_sharding or 'fp32'}"),
             param_every=run.probes.parity.param_every, strict=run.probes.parity.strict,
         )
     throughput = None
@@ -169,6 +178,7 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step)
         accumulation=Accumulation(model, run.train.accum) if run.train.microbatches > 1 else None,
         comm=CommCounter() if run.probes.comm.enabled else None, breakdown=breakdown,
         frozen_initial=frozen_initial or None,
+        standalone=None if run.train.standalone_layer is None else StandaloneLayer(run.train.standalone_layer, dp_mesh.get_group()),
     )
 
 

@@ -60,7 +60,7 @@ CATALOGUE = [
     ("model=mlp_stack model.freeze=in_proj probes.memory.tracker=module", "error: model.freeze=in_proj with probes.memory.tracker=module: torch's module tracker cannot follow frozen parameters; allowed: probes.memory.tracker=none (the per-phase probe works)"),
     ("mesh=ddp ac=full ac.impl=outer_wrapper", "error: ac.impl=outer_wrapper with mesh.engine=ddp: it wraps the blocks FSDP made units of, and DDP makes none; allowed: ac.impl=composable|utils|wrapper|manual, or mesh.engine=fsdp2|fsdp1"),
     ("+experiment=torch_fine_tune wrap=block", "error: model.freeze=in_proj with mesh.engine=fsdp1 and fsdp.use_orig_params=false: FSDP units layers.0, layers.1, layers.2 mix frozen and trainable parameters in one flat parameter; allowed: fsdp.use_orig_params=true, a wrap.policy giving frozen parameters their own units (e.g. linear), or a pattern freezing whole units"),
-    ("checks=[parity_okay]", "error: checks=parity_okay: allowed are parity_ok, frozen_unchanged, phases_stable, optimizer_state_in_first_step, tracker_categories_sum_to_peak, tracker_accuracy, all_gather_per_step:N, reduce_scatter_per_step:N, all_reduce_per_step:N"),
+    ("checks=[parity_okay]", "error: checks=parity_okay: allowed are parity_ok, frozen_unchanged, phases_stable, optimizer_state_in_first_step, tracker_categories_sum_to_peak, tracker_accuracy, resumed, all_gather_per_step:N, reduce_scatter_per_step:N, all_reduce_per_step:N"),
     ("mode=estimate", "error: mesh.dp_shard=-1: mode=estimate needs the world size; set mesh.dp_shard=N or mesh.world_size=N"),
     ("mode=estimate mesh.engine=ddp mesh.world_size=8", "error: mesh.engine=ddp: mode=estimate cannot predict this; allowed: fsdp2 (FSDPMemTracker follows fully_shard only)"),
 ]

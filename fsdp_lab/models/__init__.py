@@ -15,10 +15,12 @@ from fsdp_lab.models.convnet import ConvNet
 from fsdp_lab.models.fine_tune import MultiTraversal, UnusedInput
 from fsdp_lab.models.mlp import MLP, MLPStack
 from fsdp_lab.models.transformer import Transformer
+from fsdp_lab.models.vit import ViT
 
 MODELS = {
     "mlp": MLP.from_config, "mlp_stack": MLPStack.from_config, "transformer": Transformer.from_config,
     "convnet": ConvNet.from_config, "unused_input": UnusedInput.from_config, "multi_traversal": MultiTraversal.from_config,
+    "vit": ViT.from_config,
 }
 
 

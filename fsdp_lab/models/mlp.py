@@ -43,13 +43,14 @@ class MLP(nn.Module):
 class MLPStack(MLP):
     """`n_layers` MLPs in sequence; each is a block."""
 
-    def __init__(self, dim: int, hidden: int, n_layers: int):
+    def __init__(self, dim: int, hidden: int, n_layers: int, layer_order: list[int] | None = None):
         nn.Module.__init__(self)
         self.layers = nn.ModuleList(MLP(dim, hidden) for _ in range(n_layers))
+        self.layer_order = list(layer_order or range(n_layers))
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> MLPStack:
-        return cls(cfg.dim, cfg.ffn_dim, cfg.n_layers)
+        return cls(cfg.dim, cfg.ffn_dim, cfg.n_layers, cfg.layer_order)
 
     @property
     def blocks(self) -> list[nn.Module]:
@@ -60,6 +61,6 @@ class MLPStack(MLP):
         return self.layers[0].in_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, layer in enumerate(self.layers):
-            x = call_block(self, i, layer, x)
+        for i in self.layer_order:
+            x = call_block(self, i, self.layers[i], x)
         return x

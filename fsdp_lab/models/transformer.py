@@ -79,6 +79,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(
             TransformerBlock(cfg.dim, cfg.n_heads, cfg.ffn_dim, cfg.norm_eps) for _ in range(cfg.n_layers)
         )
+        self.layer_order = list(cfg.layer_order or range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -95,8 +96,8 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
         cos, sin = rotary_cos_sin(tokens.shape[1], self.head_dim, tokens.device)
-        for i, layer in enumerate(self.layers):
-            h = call_block(self, i, layer, h, cos, sin)
+        for i in self.layer_order:
+            h = call_block(self, i, self.layers[i], h, cos, sin)
         return self.output(self.norm(h))
 
     def synthetic_batch(self, generator: torch.Generator, batch_size: int, seq_len: int):

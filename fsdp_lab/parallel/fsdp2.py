@@ -7,7 +7,7 @@ import logging
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from fsdp_lab.config import FSDPConfig
 
@@ -31,6 +31,9 @@ def apply_fsdp2(model: nn.Module, mesh, units: list[nn.Module], cfg: FSDPConfig)
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for unit in units:
         fully_shard(unit, **kwargs)
+        # Methods the model calls instead of forward must unshard the unit as forward does.
+        for method in getattr(unit, "fsdp_forward_methods", ()):
+            register_fsdp_forward_method(unit, method)
     fully_shard(model, **kwargs)
     _set_explicit_prefetch(units, cfg.forward_prefetch, cfg.backward_prefetch)
     log.info("fsdp2: %d units + root on mesh %s, reshard_after_forward=%s", len(units), mesh, cfg.reshard_after_forward)
@@ -44,3 +47,27 @@ def _set_explicit_prefetch(units: list[nn.Module], forward: int, backward: int) 
             unit.set_modules_to_forward_prefetch(units[i + 1 : i + 1 + forward])
         if backward:
             unit.set_modules_to_backward_prefetch(units[max(0, i - backward) : i][::-1])
+
+
+def cast_after_sharding(model: nn.Module, dtype: torch.dtype) -> None:
+    """`model.to(dtype)` on the sharded model, as a user converting it does (FSDP2 re-registers its
+    sharded parameters); every parameter and its local shard must come out in `dtype`."""
+    model.to(dtype)
+    wrong = [name for name, p in model.named_parameters() if p.dtype != dtype or getattr(p, "_local_tensor", p).dtype != dtype]
+    if wrong:
+        raise RuntimeError(f"fsdp.cast_after_sharding={dtype}: parameters not cast: {', '.join(wrong)}")
+    log.info("fsdp2: cast after sharding: %d parameters and their shards now %s", len(list(model.parameters())), dtype)
+
+
+def record_post_optim_event(model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """After every optimizer.step, the event the root's next all-gathers wait on (set_post_optim_event),
+    instead of waiting for everything queued on the current stream."""
+    if device.type == "cpu":  # no events: CPU ops run in order, so there is nothing to overlap or wait on
+        log.info("fsdp2: fsdp.post_optim_event=true has no event to record on CPU; all-gathers follow the stream as without")
+        return
+
+    def hand_over(opt, args, kwargs) -> None:
+        model.set_post_optim_event(torch.get_device_module(device.type).current_stream().record_event())
+
+    optimizer.register_step_post_hook(hand_over)
+    log.info("fsdp2: post-optimizer event recorded after every optimizer.step")

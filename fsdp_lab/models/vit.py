@@ -1,0 +1,62 @@
+"""The shape of PyTorch's test_register_fsdp_forward_method (the ViT case of pytorch#109385): the
+model's forward calls `encoder.forward_features`, a method of a submodule that is not its forward.
+FSDP2 unshards a unit around `forward` only, so the method is registered with
+`register_fsdp_forward_method` (parallel/fsdp2.py does it for every unit naming
+`fsdp_forward_methods`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fsdp_lab.config import ModelConfig
+from fsdp_lab.models.mlp import MLP
+
+PATCH = 4
+
+
+class PatchEncoder(nn.Module):
+    fsdp_forward_methods = ("forward_features",)
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.patch_proj = nn.Conv2d(3, dim, kernel_size=PATCH, stride=PATCH)
+        self.mlp = MLP(dim, hidden)
+
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        """(batch, patches, dim) embeddings of the image's patches."""
+        patches = self.patch_proj(images).flatten(2).transpose(1, 2)
+        return patches + self.mlp(patches)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.forward_features(images).sum(dim=1)
+
+
+class ViT(nn.Module):
+    def __init__(self, dim: int, hidden: int, n_classes: int, image_size: int):
+        super().__init__()
+        self.image_size = image_size
+        self.encoder = PatchEncoder(dim, hidden)
+        self.head = nn.Linear(dim, n_classes)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> ViT:
+        return cls(cfg.dim, cfg.ffn_dim, cfg.vocab_size, cfg.image_size)
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return [self.encoder, self.head]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder.forward_features(images).mean(dim=1))
+
+    def synthetic_batch(self, generator: torch.Generator, batch_size: int, seq_len: int):
+        images = torch.randn(batch_size, 3, self.image_size, self.image_size, generator=generator)
+        return images, torch.randint(0, self.head.out_features, (batch_size,), generator=generator)
+
+    def tokens_per_sample(self, seq_len: int) -> int:
+        return 1
+
+    def flops_per_token(self, seq_len: int) -> float:
+        patches = (self.image_size // PATCH) ** 2
+        return 6.0 * patches * sum(p.numel() for p in self.encoder.parameters()) + 6.0 * self.head.weight.numel()
