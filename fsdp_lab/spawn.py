@@ -41,7 +41,9 @@ def _forked_rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
     """A forked rank starts from the launcher's state: give it what a fresh process has, so it logs
     and reacts to signals as a spawned rank does."""
     logging.getLogger().handlers.clear()  # Hydra's handlers: rank_main sets up its own
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # not the agent's handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # not the agent's handlers
+    for sig in (signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
     rank_main(run, run_dir, dims)
 
 
