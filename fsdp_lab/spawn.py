@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import sys
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
@@ -10,6 +13,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from fsdp_lab.config import RunConfig
+from fsdp_lab.dist import resolve_device_type
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.worker import rank_main
 
@@ -33,6 +37,16 @@ def describe_failure(err: ChildFailedError) -> str:
     return f"rank {rank} failed: {message}"
 
 
+def _forked_rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
+    """A forked rank starts from the launcher's state: give it what a fresh process has, so it logs
+    and reacts to signals as a spawned rank does."""
+    logging.getLogger().handlers.clear()  # Hydra's handlers: rank_main sets up its own
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # not the agent's handlers
+    for sig in (signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    rank_main(run, run_dir, dims)
+
+
 def spawn_ranks(run: RunConfig, dims: ParallelDims, run_dir: Path) -> None:
     """Run `rank_main` on `dims.world_size` local ranks; raises RankFailed naming the first failure."""
     n = dims.world_size
@@ -41,17 +55,22 @@ def spawn_ranks(run: RunConfig, dims: ParallelDims, run_dir: Path) -> None:
     # Ranks of a restarted attempt get a fresh store: the agent's shared rendezvous store keeps the
     # killed attempt's keys, and a new rank could read a dead peer's gloo address from it.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # On CPU the ranks are forked: they start with torch and the lab already imported, which is most
+    # of a rank's start-up (seconds each). CUDA cannot be used in a forked child, so GPU ranks spawn.
+    forked = resolve_device_type(run.device) == "cpu"
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=run_dir.name,
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=run.launch.max_restarts,
-        monitor_interval=0.1, start_method="spawn", log_line_prefix_template="[rank${rank}]:",
+        monitor_interval=0.1, start_method="fork" if forked else "spawn", log_line_prefix_template="[rank${rank}]:",
         # Every rank's output is kept under logs/; rank 0's stdout and all stderr also reach the console.
         logs_specs=DefaultLogsSpecs(
             log_dir=str(run_dir / "logs"), tee={i: Std.ALL if i == 0 else Std.ERR for i in range(n)}
         ),
     )
+    sys.stdout.flush()  # a forked rank would write the launcher's unflushed output a second time
+    sys.stderr.flush()
     try:
-        elastic_launch(config, rank_main)(run, str(run_dir), dims)
+        elastic_launch(config, _forked_rank_main if forked else rank_main)(run, str(run_dir), dims)
     except ChildFailedError as e:
         raise RankFailed(describe_failure(e)) from None
     except SignalException as e:  # elastic has already stopped every rank with that signal

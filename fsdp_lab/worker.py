@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import traceback
 from dataclasses import asdict
 from functools import partial
@@ -53,6 +54,16 @@ def _is_collective_timeout(e: BaseException) -> bool:
     # gloo raises RuntimeError("... Timed out waiting ..."), NCCL's watchdog DistBackendError("... timeout ...").
     text = str(e).lower()
     return isinstance(e, RuntimeError) and ("timed out" in text or "timeout" in text)
+
+
+def _is_peer_gone(e: BaseException) -> bool:
+    """gloo's error in a rank whose peer failed first and closed its connections."""
+    text = str(e).lower()
+    return "closed by peer" in text or "reset by peer" in text
+
+
+# The launcher names the first rank to exit; the peer that failed first exits within this time.
+PEER_FAILURE_GRACE_S = 2.0
 
 
 class Terminated(Exception):
@@ -107,6 +118,8 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
         if sinks is not None:
             summary["steps"] = sinks.steps_done
         traceback.print_exc(file=sys.stderr)
+        if _is_peer_gone(e):
+            time.sleep(PEER_FAILURE_GRACE_S)  # so the error reported is the peer's, not this echo of it
         if _is_collective_timeout(e):
             where = trainer.activity if trainer is not None else "setup"
             raise CollectiveTimeout(

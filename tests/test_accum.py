@@ -15,7 +15,7 @@ UNITS = 3  # two blocks + the root
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """The documented sweep over sync policies (reshard_after_backward=false covered below)."""
+    """The documented sweep over sync policies (reshard_after_backward=true, the default; false covered below)."""
     sweep_dir = tmp_path_factory.mktemp("accum")
     result = run_lab("-m", "+experiment=hsdp_accum", "train.accum.sync=every,last,reduce_scatter_only", *QUICK,
                      f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.max_ranks=4", timeout=900)
@@ -48,10 +48,10 @@ def test_comm_counts_follow_the_policy(sweep):
     assert every["comm/all_gather_count"] == last["comm/all_gather_count"]
 
 
-def test_keeping_parameters_unsharded_between_microbatches_saves_all_gathers(tmp_path):
-    counts = {}
+def test_keeping_parameters_unsharded_between_microbatches_saves_all_gathers(sweep, tmp_path):
+    # The sweep's sync=last job is the experiment's default, resharding after backward.
+    counts = {"reshard": sweep["last"][1][-1]["comm/all_gather_count"]}
     for name, overrides in {
-        "reshard": ("train.accum.reshard_after_backward=true",),
         "keep": ("train.accum.reshard_after_backward=false",),
         "keep_explicit": ("train.accum.reshard_after_backward=false", "train.accum.explicit_unshard=true"),
     }.items():
