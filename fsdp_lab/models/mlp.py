@@ -8,7 +8,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from fsdp_lab.config import ModelConfig
-from fsdp_lab.models.blocks import call_block
+from fsdp_lab.models.blocks import call_block, repeated_block_params
 
 
 class MLP(nn.Module):
@@ -64,3 +64,6 @@ class MLPStack(MLP):
         for i in self.layer_order:
             x = call_block(self, i, self.layers[i], x)
         return x
+
+    def flops_per_token(self, seq_len: int) -> float:
+        return super().flops_per_token(seq_len) + 6.0 * repeated_block_params(self)

@@ -11,7 +11,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from fsdp_lab.config import ModelConfig
-from fsdp_lab.models.blocks import call_block
+from fsdp_lab.models.blocks import call_block, repeated_block_params
 
 
 def rotary_cos_sin(seq_len: int, head_dim: int, device: torch.device, base: float = 10000.0):
@@ -110,9 +110,9 @@ class Transformer(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> float:
         # 6N for the matmuls of forward + backward (embedding lookups excluded), plus attention's
-        # scores and weighted sum: 12 * layers * dim * seq (PaLM appendix B).
-        n = sum(p.numel() for p in self.parameters()) - self.tok_embeddings.weight.numel()
+        # scores and weighted sum: 12 * block calls * dim * seq (PaLM appendix B).
+        n = sum(p.numel() for p in self.parameters()) - self.tok_embeddings.weight.numel() + repeated_block_params(self)
         if self.output.weight is self.tok_embeddings.weight:
             n += self.output.weight.numel()
         dim = self.head_dim * self.n_heads
-        return 6.0 * n + 12.0 * len(self.layers) * dim * seq_len
+        return 6.0 * n + 12.0 * len(self.layer_order) * dim * seq_len
