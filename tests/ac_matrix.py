@@ -6,16 +6,9 @@ for all variants keeps the matrix fast. Rank 0 writes {label: {parity, after_fwd
 
 from __future__ import annotations
 
-import json
 import sys
 
-from hydra import compose, initialize_config_dir
-
-from fsdp_lab.config import to_run_config
-from fsdp_lab.dist import init_distributed
-from fsdp_lab.mesh import ParallelDims
-from fsdp_lab.run import CONF_DIR  # registers the schema and resolvers
-from fsdp_lab.worker import build_trainer
+from tests.matrix_rank import run_matrix, train
 
 # A transformer whose activations dwarf its parameters: long sequences, a narrow model.
 ACTIVATION_HEAVY = [
@@ -49,12 +42,7 @@ def variants() -> dict[str, list[str]]:
 
 
 def train_variant(overrides: list[str], ctx) -> dict:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        run = to_run_config(compose(config_name="config", overrides=ACTIVATION_HEAVY + overrides))
-    dims = ParallelDims.resolve(pp=1, dp_replicate=1, dp_shard=-1, tp=1, world_size=ctx.world_size)
-    rows: list[dict] = []
-    trainer = build_trainer(run, dims, ctx, on_step=rows.append)
-    trainer.run()
+    _, trainer, rows = train(ACTIVATION_HEAVY + overrides, ctx)
     return {
         "parity": trainer.reference.verdict.as_summary(),
         "losses": [r["loss"] for r in rows],
@@ -62,13 +50,5 @@ def train_variant(overrides: list[str], ctx) -> dict:
     }
 
 
-def main(out_path: str) -> None:
-    ctx = init_distributed("cpu", timeout_s=120)
-    results = {label: train_variant(overrides, ctx) for label, overrides in variants().items()}
-    if ctx.is_main:
-        with open(out_path, "w") as f:
-            json.dump(results, f, indent=1)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_matrix(variants(), train_variant, sys.argv[1])

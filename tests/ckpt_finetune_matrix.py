@@ -7,19 +7,14 @@ frozen, nesting, manual}} as JSON."""
 
 from __future__ import annotations
 
-import json
 import sys
 
-from hydra import compose, initialize_config_dir
 from torch import nn
 
 from fsdp_lab.checks import evaluate
-from fsdp_lab.config import to_run_config
-from fsdp_lab.dist import init_distributed
-from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.probes.parity import unwrap
-from fsdp_lab.run import CONF_DIR  # registers the schema and resolvers
-from fsdp_lab.worker import _probe_summaries, build_trainer
+from fsdp_lab.worker import _probe_summaries
+from tests.matrix_rank import run_matrix, train
 
 COMMON = ["train.steps=3", "probes.parity.param_every=1", "probes.perf.enabled=false", "logger=none", "device=cpu"]
 # test_fsdp_checkpoint's variants: FSDP(checkpoint(layer)), checkpoint(FSDP(layer)), manual calls.
@@ -89,12 +84,7 @@ def nesting(module: nn.Module) -> list[str]:
 
 
 def train_variant(overrides: list[str], ctx) -> dict:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        run = to_run_config(compose(config_name="config", overrides=COMMON + overrides))
-    dims = ParallelDims.resolve(pp=1, dp_replicate=1, dp_shard=-1, tp=1, world_size=ctx.world_size)
-    rows: list[dict] = []
-    trainer = build_trainer(run, dims, ctx, on_step=rows.append)
-    trainer.run()
+    run, trainer, rows = train(COMMON + overrides, ctx)
     summary = _probe_summaries(run, trainer)
     model = unwrap(trainer.model)
     return {
@@ -111,17 +101,5 @@ def all_variants() -> dict[str, list[str]]:
     return {**checkpoint_variants(), **composition_variants(), **fine_tune_variants()}
 
 
-def main(out_path: str) -> None:
-    ctx = init_distributed("cpu", timeout_s=120)
-    results = {}
-    for label, overrides in all_variants().items():
-        if ctx.is_main:  # a failure's traceback follows the variant it belongs to
-            print("variant", label, flush=True)
-        results[label] = train_variant(overrides, ctx)
-    if ctx.is_main:
-        with open(out_path, "w") as f:
-            json.dump(results, f, indent=1)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_matrix(all_variants(), train_variant, sys.argv[1])

@@ -10,8 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from fsdp_lab.config import ConfigError
-from fsdp_lab.estimate import estimate
+from fsdp_lab.config import ConfigError, OptimConfig
+from fsdp_lab.estimate import estimate, estimated_optimizer
 from fsdp_lab.probes.memory import PHASES
 from fsdp_lab.probes.memory_breakdown import BREAKDOWN_JSON, BREAKDOWN_TABLE
 from fsdp_lab.run import CONF_DIR  # registers the schema and resolvers
@@ -105,6 +105,12 @@ def test_estimate_on_a_fake_group_predicts_the_tracked_run(tracked):
         assert predicted["peak_categories_mib"][category] == pytest.approx(real["peak_categories_mib"][category], rel=0.01)
     tracked_phases = {p: tracked[2].metrics[1][f"memory/{p}_mib"] for p in PHASES}
     assert predicted["phases_mib"] == pytest.approx(tracked_phases, rel=0.01)
+
+
+def test_estimate_steps_in_place_of_fused_adam_with_the_single_tensor_one():
+    """Fused Adam over fake DTensors gathers full tensors on torch 2.11 (5x the state, measured on GPU)."""
+    assert estimated_optimizer(OptimConfig()).foreach is False
+    assert estimated_optimizer(OptimConfig(foreach=True)).foreach is True
 
 
 def test_estimate_shrinks_parameter_and_optimizer_memory_4x_from_2_to_8_ranks():
