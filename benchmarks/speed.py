@@ -23,16 +23,21 @@ def lab(overrides: list[str]) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def yardstick(gpus: int, args: list[str]) -> dict:
+    """The hand-written loop (benchmarks/fsdp2_yardstick.py ARGS) under torchrun on `gpus` GPUs."""
+    return json.loads(subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", "benchmarks/fsdp2_yardstick.py", *args],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     compile_ = "--compile" in sys.argv
     extra = [a for a in sys.argv[1:] if a != "--compile"] + (["model.compile=true"] if compile_ else [])
     gpus = torch.cuda.device_count()
     bare = lab(extra)["perf"]
     with_memory = lab([*extra, "probes.memory.enabled=true"])
-    yard = json.loads(subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", "benchmarks/fsdp2_yardstick.py",
-         *(["--compile"] if compile_ else [])], cwd=REPO, capture_output=True, text=True, check=True,
-    ).stdout.strip().splitlines()[-1])
+    yard = yardstick(gpus, ["--compile"] if compile_ else [])
     rows = [
         ("tokens/s per GPU", bare["tokens_per_s"], yard["tokens_per_s"]),
         ("step time (s)", bare["step_time_s"], yard["step_time_s"]),
