@@ -17,16 +17,12 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-from fsdp_lab.probes.memory import PHASES, PhaseMemory  # noqa: E402
-from fsdp_lab.probes.perf import Throughput  # noqa: E402
-from lab import run_lab  # noqa: E402
+from fsdp_lab.probes.memory import PHASES, PhaseMemory
+from fsdp_lab.probes.perf import Throughput
+from speed import lab
 
 CONFIGS = {
     "probes off": ["probes=off"],
@@ -76,9 +72,7 @@ def main() -> None:
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in CONFIGS}
     for _ in range(args.rounds):
         for name, overrides in CONFIGS.items():
-            result = run_lab("+experiment=bench_llama1b", *overrides, *args.overrides, timeout=1800)
-            assert result.returncode == 0, result.stderr[-3000:]
-            perf = result.summary["perf"]
+            perf = lab([*overrides, *args.overrides])["perf"]
             times[name].append((perf["iteration_time_s"], perf["step_time_s"]))
             print(f"{name}: iteration {perf['iteration_time_s'] * 1e3:.2f} ms, step {perf['step_time_s'] * 1e3:.2f} ms", flush=True)
     base = statistics.median(t for t, _ in times["probes off"])

@@ -14,13 +14,16 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from lab import run_lab  # noqa: E402
 
 
 def lab(overrides: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-m", "fsdp_lab", "+experiment=bench_llama1b", *overrides],
-                         cwd=REPO, capture_output=True, text=True, check=True).stdout
-    run_dir = Path(out.rsplit("run dir: ", 1)[1].strip())
-    return json.loads((run_dir / "summary.json").read_text())
+    """summary.json of `python -m fsdp_lab +experiment=bench_llama1b OVERRIDES`; exits if the run fails."""
+    result = run_lab("+experiment=bench_llama1b", *overrides, timeout=1800)
+    if result.returncode != 0:
+        sys.exit(f"lab run failed ({' '.join(overrides)}):\n{result.stderr[-3000:]}")
+    return result.summary
 
 
 def yardstick(gpus: int, args: list[str]) -> dict:

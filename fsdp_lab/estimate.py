@@ -6,15 +6,15 @@ parallelize path as a real run. A warm-up step creates the optimizer state; the 
 under FSDPMemTracker, which counts what each tensor would occupy. The process plays rank 0, which
 holds the largest shard when a dimension does not divide evenly, so its figure bounds every rank's.
 
-The fake device is the CPU. A GPU run's default optimizer is fused Adam, which updates the state in
-place with no temporaries; the estimate steps with torch's single-tensor Adam instead, which holds
-the same state, also updates in place, and adds one parameter-sized temporary at a time. (Fused Adam
-over fake DTensors is not faithful: torch 2.11 gathers the full parameters, gradients and state for
-it, five times the optimizer state.) An explicit `optim.foreach=true` is estimated as configured."""
+The fake device is the CPU, and the optimizer is built for it: where a GPU run fuses Adam, which
+updates the state in place with no temporaries, the estimate steps with torch's single-tensor Adam
+(the CPU default), which holds the same state, also updates in place, and adds one parameter-sized
+temporary at a time. Fused Adam over fake DTensors would not be faithful: torch 2.11 gathers the
+full parameters, gradients and state for it, five times the optimizer state. An explicit
+`optim.foreach=true` is estimated as configured."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 
@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
-from fsdp_lab.config import OptimConfig, RunConfig
+from fsdp_lab.config import RunConfig
 from fsdp_lab.data import microbatches
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import build_model, count_params
@@ -42,11 +42,6 @@ MEASURED_STEP = 2
 log = logging.getLogger("fsdp_lab")
 
 
-def estimated_optimizer(cfg: OptimConfig) -> OptimConfig:
-    """The optimizer the estimate steps with: the configured one, single-tensor in place of fused."""
-    return dataclasses.replace(cfg, foreach=False) if cfg.foreach is None else cfg
-
-
 def estimate(run: RunConfig, dims: ParallelDims) -> dict:
     """The predicted memory of rank 0 over one optimizer step after warm-up."""
     device = torch.device("cpu")
@@ -57,7 +52,7 @@ def estimate(run: RunConfig, dims: ParallelDims) -> dict:
             model = build_model(run.model, run.train.seed)
             n_params = count_params(model)
             model = parallelize(model, dims, mesh, dp_mesh, run, device)
-            optimizer = build_optimizer(model.parameters(), estimated_optimizer(run.optim), device)
+            optimizer = build_optimizer(model.parameters(), run.optim, device)
             phases = PhaseMemory(device, model, optimizer)
             breakdown = ModuleBreakdown(model, optimizer, device, step=MEASURED_STEP, gather=False)
             around = Accumulation(model, run.train.accum).microbatch if run.train.microbatches > 1 else None

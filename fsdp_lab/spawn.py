@@ -37,6 +37,18 @@ def describe_failure(err: ChildFailedError) -> str:
     return f"rank {rank} failed: {message}"
 
 
+def child_start_method(device_type: str) -> str:
+    """How to start a process that runs ranks on `device_type`: forked on CPU, so it starts with torch
+    and the lab already imported (most of a rank's start-up, seconds each); spawned for GPUs, since
+    CUDA cannot be used in a forked child. Before a fork this process's buffered output is flushed,
+    which the child would otherwise write a second time."""
+    if device_type == "cuda":
+        return "spawn"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return "fork"
+
+
 def _forked_rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
     """A forked rank starts from the launcher's state: give it what a fresh process has, so it logs
     and reacts to signals as a spawned rank does."""
@@ -55,22 +67,18 @@ def spawn_ranks(run: RunConfig, dims: ParallelDims, run_dir: Path) -> None:
     # Ranks of a restarted attempt get a fresh store: the agent's shared rendezvous store keeps the
     # killed attempt's keys, and a new rank could read a dead peer's gloo address from it.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    # On CPU the ranks are forked: they start with torch and the lab already imported, which is most
-    # of a rank's start-up (seconds each). CUDA cannot be used in a forked child, so GPU ranks spawn.
-    forked = resolve_device_type(run.device) == "cpu"
+    start_method = child_start_method(resolve_device_type(run.device))
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=run_dir.name,
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=run.launch.max_restarts,
-        monitor_interval=0.1, start_method="fork" if forked else "spawn", log_line_prefix_template="[rank${rank}]:",
+        monitor_interval=0.1, start_method=start_method, log_line_prefix_template="[rank${rank}]:",
         # Every rank's output is kept under logs/; rank 0's stdout and all stderr also reach the console.
         logs_specs=DefaultLogsSpecs(
             log_dir=str(run_dir / "logs"), tee={i: Std.ALL if i == 0 else Std.ERR for i in range(n)}
         ),
     )
-    sys.stdout.flush()  # a forked rank would write the launcher's unflushed output a second time
-    sys.stderr.flush()
     try:
-        elastic_launch(config, _forked_rank_main if forked else rank_main)(run, str(run_dir), dims)
+        elastic_launch(config, _forked_rank_main if start_method == "fork" else rank_main)(run, str(run_dir), dims)
     except ChildFailedError as e:
         raise RankFailed(describe_failure(e)) from None
     except SignalException as e:  # elastic has already stopped every rank with that signal

@@ -7,11 +7,14 @@ import functools
 import json
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from torch.optim.optimizer import _default_to_fused_or_foreach
 
 from fsdp_lab.config import ConfigError, OptimConfig
-from fsdp_lab.estimate import estimate, estimated_optimizer
+from fsdp_lab.estimate import estimate
+from fsdp_lab.optim import build_optimizer
 from fsdp_lab.probes.memory import PHASES
 from fsdp_lab.probes.memory_breakdown import BREAKDOWN_JSON, BREAKDOWN_TABLE
 from fsdp_lab.run import CONF_DIR  # registers the schema and resolvers
@@ -107,10 +110,15 @@ def test_estimate_on_a_fake_group_predicts_the_tracked_run(tracked):
     assert predicted["phases_mib"] == pytest.approx(tracked_phases, rel=0.01)
 
 
-def test_estimate_steps_in_place_of_fused_adam_with_the_single_tensor_one():
-    """Fused Adam over fake DTensors gathers full tensors on torch 2.11 (5x the state, measured on GPU)."""
-    assert estimated_optimizer(OptimConfig()).foreach is False
-    assert estimated_optimizer(OptimConfig(foreach=True)).foreach is True
+def test_estimate_steps_with_single_tensor_adam_on_its_cpu_device():
+    """The estimate builds the optimizer for its fake CPU device, where it is neither fused nor foreach:
+    fused Adam over fake DTensors gathers full tensors on torch 2.11 (5x the state, measured on GPU).
+    An explicit optim.foreach=true is estimated as configured."""
+    params = [torch.nn.Parameter(torch.zeros(4))]
+    default = build_optimizer(params, OptimConfig(), torch.device("cpu"))
+    assert not default.defaults["fused"] and default.defaults["foreach"] is None
+    assert _default_to_fused_or_foreach(params, differentiable=False, use_fused=False) == (False, False)
+    assert build_optimizer(params, OptimConfig(foreach=True), torch.device("cpu")).defaults["foreach"] is True
 
 
 def test_estimate_shrinks_parameter_and_optimizer_memory_4x_from_2_to_8_ranks():

@@ -83,15 +83,15 @@ def resume_pair(tmp_path_factory):
 
 
 def test_2d_checkpoint_resume_ends_bitwise_like_an_uninterrupted_run(resume_pair, tmp_path):
-    resumed, uninterrupted = resume_pair["resumed"], resume_pair["uninterrupted"]
-    assert resumed.summary["checkpoint"]["resumed_from"].endswith(step_dir_name(2))
+    interrupted, uninterrupted = resume_pair["resumed"], resume_pair["uninterrupted"]
+    assert interrupted.summary["checkpoint"]["resumed_from"].endswith(step_dir_name(2))
     assert uninterrupted.summary["checkpoint"]["resumed_from"] is None
-    assert resumed.summary["checks"]["resumed"]["ok"] and not uninterrupted.summary["checks"]["resumed"]["ok"]
-    assert resumed.summary["mesh"] == uninterrupted.summary["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 2, "engine": "fsdp2"}
-    assert [r["step"] for r in resumed.metrics] == [1, 2, 3, 4]
-    assert [r["loss"] for r in resumed.metrics] == [r["loss"] for r in uninterrupted.metrics], "bitwise: the same floats"
+    assert interrupted.summary["checks"]["resumed"]["ok"] and not uninterrupted.summary["checks"]["resumed"]["ok"]
+    assert interrupted.summary["mesh"] == uninterrupted.summary["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 2, "engine": "fsdp2"}
+    assert [r["step"] for r in interrupted.metrics] == [1, 2, 3, 4]
+    assert [r["loss"] for r in interrupted.metrics] == [r["loss"] for r in uninterrupted.metrics], "bitwise: the same floats"
     last = step_dir_name(4)
-    assert_bitwise_equal(params(resumed.run_dir / "checkpoints" / last, tmp_path), params(uninterrupted.run_dir / "checkpoints" / last, tmp_path))
+    assert_bitwise_equal(params(interrupted.run_dir / "checkpoints" / last, tmp_path), params(uninterrupted.run_dir / "checkpoints" / last, tmp_path))
 
 
 REFUSALS = [

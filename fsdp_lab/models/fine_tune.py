@@ -23,7 +23,24 @@ class LinearUnusedInput(nn.Linear):
         return super().forward(used)
 
 
-class UnusedInput(MLP):
+class FineTuneModel(MLP):
+    """MLP's batches, tokens and FLOPs, over the linears named in `block_names` (PyTorch's names, so
+    the experiments' freeze patterns read as in the test); the first one reads the input."""
+
+    block_names: tuple[str, ...]
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return [getattr(self, name) for name in self.block_names]
+
+    @property
+    def in_proj(self) -> nn.Linear:
+        return self.blocks[0]
+
+
+class UnusedInput(FineTuneModel):
+    block_names = ("layer0", "layer1_frozen", "layer2")
+
     def __init__(self, dim: int):
         nn.Module.__init__(self)
         self.layer0 = LinearUnusedInput(dim, dim)
@@ -34,20 +51,14 @@ class UnusedInput(MLP):
     def from_config(cls, cfg: ModelConfig) -> UnusedInput:
         return cls(cfg.dim)
 
-    @property
-    def blocks(self) -> list[nn.Module]:
-        return [self.layer0, self.layer1_frozen, self.layer2]
-
-    @property
-    def in_proj(self) -> nn.Linear:
-        return self.layer0
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # 4 x dim logits: the three outputs and the input itself, as the test concatenates them.
         return torch.cat([*(call_block(self, i, layer, x, x) for i, layer in enumerate(self.blocks)), x], dim=-1)
 
 
-class MultiTraversal(MLP):
+class MultiTraversal(FineTuneModel):
+    block_names = ("layer_0", "layer_no_grad", "layer_with_grad")
+
     def __init__(self, dim: int, traversals: int):
         nn.Module.__init__(self)
         self.layer_0 = nn.Linear(dim, dim)
@@ -58,14 +69,6 @@ class MultiTraversal(MLP):
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> MultiTraversal:
         return cls(cfg.dim, cfg.n_layers)
-
-    @property
-    def blocks(self) -> list[nn.Module]:
-        return [self.layer_0, self.layer_no_grad, self.layer_with_grad]
-
-    @property
-    def in_proj(self) -> nn.Linear:
-        return self.layer_0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = call_block(self, 0, self.layer_0, x)

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from fsdp_lab.config import ConfigError
 from fsdp_lab.launch_plan import local_job, task_config
+from fsdp_lab.spawn import child_start_method
 
 from .sweep_summary import finish_sweep, job_row
 
@@ -122,11 +123,7 @@ def start(launcher, job: Job, env: dict[str, str]) -> None:
     payload = cloudpickle.dumps((launcher.hydra_context, launcher.task_function, job.config, Singleton.get_state()))
     log = job.run_dir / JOB_LOG
     log.parent.mkdir(parents=True, exist_ok=True)
-    # A CPU job is forked: it starts with torch and the lab imported (seconds saved per job). CUDA
-    # cannot be used in a forked child, so GPU jobs spawn.
-    method = "spawn" if job.device_type == "cuda" else "fork"
-    sys.stdout.flush()  # a forked job would write the launcher's unflushed output a second time
-    sys.stderr.flush()
+    method = child_start_method(job.device_type)  # CPU jobs fork, GPU jobs spawn
     job.process = mp.get_context(method).Process(target=job_process_main, args=(payload, str(log), env), name=f"job{job.num}")
     job.started = time.perf_counter()
     job.process.start()
