@@ -16,20 +16,36 @@ class ConfigError(ValueError):
 
 
 def choice(default: Optional[str], *allowed: str):
-    """A string field limited to `allowed` (OmegaConf cannot check `Literal`; `check_choices` does)."""
+    """A string field limited to `allowed` (OmegaConf cannot check `Literal`; `check_fields` does)."""
     return field(default=default, metadata={"allowed": allowed})
 
 
-def check_choices(node: Any, path: str = "") -> None:
-    """Raise ConfigError for the first choice field whose value is not allowed."""
+def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None):
+    """A numeric field with its allowed range (None = unbounded on that side; null values pass)."""
+    limits = {name: v for name, v in (("ge", ge), ("gt", gt), ("le", le)) if v is not None}
+    return field(default=default, metadata={"limits": limits})
+
+
+_LIMIT_TEXT = {"ge": ">= {}", "gt": "> {}", "le": "<= {}"}
+_LIMIT_OK = {"ge": lambda v, x: v >= x, "gt": lambda v, x: v > x, "le": lambda v, x: v <= x}
+
+
+def check_fields(node: Any, path: str = "") -> None:
+    """Raise ConfigError for the first field outside its declared choices or limits."""
     for f in fields(node):
         value = getattr(node, f.name)
         key = f"{path}{f.name}"
         allowed = f.metadata.get("allowed")
         if allowed and value is not None and value not in allowed:
             raise ConfigError(f"{key}={value}: allowed are {', '.join(allowed)}")
+        limits = f.metadata.get("limits", {})
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            broken = [name for name, x in limits.items() if not _LIMIT_OK[name](value, x)]
+            if broken:
+                rule = " and ".join(_LIMIT_TEXT[name].format(x) for name, x in limits.items())
+                raise ConfigError(f"{key}={value}: allowed is {rule}")
         if is_dataclass(value):
-            check_choices(value, f"{key}.")
+            check_fields(value, f"{key}.")
 
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -256,9 +272,9 @@ class AccumConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 20
+    steps: int = bounded(20, ge=1)
     """Optimizer steps."""
-    batch_size: int = 4
+    batch_size: int = bounded(4, ge=1)
     """Samples per data-parallel rank per optimizer step."""
     microbatches: int = 1
     """Forward/backward passes per optimizer step; must divide batch_size."""
@@ -343,5 +359,5 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     except Exception as e:  # omegaconf's errors span lines; the first names the key and value
         raise ConfigError(str(e).splitlines()[0]) from None
     run = OmegaConf.to_object(merged)
-    check_choices(run)
+    check_fields(run)
     return run
