@@ -1,4 +1,4 @@
-"""One rank of the activation-checkpointing matrix (started by torchrun from tests/test_ac.py).
+"""The activation-checkpointing matrix: its variants, and one rank of it (tests/matrix_rank.py).
 
 Every variant is composed from conf/ by Hydra, built by the lab's own `build_trainer` (parallelize
 with AC, the DDP parity reference, the memory probe) and trained a few steps; starting ranks once
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.matrix_rank import run_matrix, train
+from matrix_rank import run_matrix, train
 
 # A transformer whose activations dwarf its parameters: long sequences, a narrow model.
 ACTIVATION_HEAVY = [

@@ -1,5 +1,5 @@
-"""One rank of the checkpoint-wrapper and fine-tuning matrices (started by torchrun from
-tests/test_torch_scenarios_ckpt_finetune.py). Every variant is a torch_* experiment plus the
+"""The checkpoint-wrapper and fine-tuning matrices: their variants, and one rank of them
+(tests/matrix_rank.py). Every variant is a torch_* experiment plus the
 overrides of one point of its sweep, composed by Hydra, built by the lab's own `build_trainer` and
 trained 3 steps; its checks are evaluated as a run's rank 0 does. Starting the ranks once for all
 variants keeps the dozens of them cheap. Rank 0 writes {label: {checks, losses, after_fwd_mib,
@@ -14,7 +14,7 @@ from torch import nn
 from fsdp_lab.checks import evaluate
 from fsdp_lab.probes.parity import unwrap
 from fsdp_lab.worker import _probe_summaries
-from tests.matrix_rank import run_matrix, train
+from matrix_rank import run_matrix, train
 
 COMMON = ["train.steps=3", "probes.parity.param_every=1", "probes.perf.enabled=false", "logger=none", "device=cpu"]
 # test_fsdp_checkpoint's variants: FSDP(checkpoint(layer)), checkpoint(FSDP(layer)), manual calls.

@@ -1,17 +1,57 @@
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
-# The test helpers (tests/lab.py, tests/wandb_records.py) import as top-level modules.
+import pytest
+
+# The test helpers (tests/lab.py, tests/compose.py, ...) import as top-level modules.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lab import LAUNCHERS  # noqa: E402
 
-# In-process composition (tests/test_config.py) needs the launcher plugins too (conf/config.yaml
-# selects hydra/launcher=torchrun).
+# In-process composition needs the launcher plugins too (conf/config.yaml selects hydra/launcher=torchrun).
 sys.path.insert(0, str(LAUNCHERS))
+import compose  # noqa: E402
+from tiers import MARKER, in_process_only  # noqa: E402
+
+
+def _tier_guard(item):
+    return nullcontext() if item.get_closest_marker(MARKER) else in_process_only(item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _tier_guard(item):  # module fixtures are set up here, on behalf of their first test
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _tier_guard(item):
+        yield
+
+
+@pytest.fixture
+def not_a_rank(monkeypatch):
+    """The environment of a user's shell, whatever started pytest: this process is no rank."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
+def compose_run(not_a_rank):
+    """`compose_run(*overrides) -> RunConfig`: conf/ composed by Hydra and typed, as the CLI does."""
+    return compose.compose_run
+
+
+@pytest.fixture
+def prepared(not_a_rank):
+    """`prepared(*overrides) -> (RunConfig, ParallelDims)`: composed and checked as the CLI does
+    before any rank starts (raises the ConfigError the CLI prints as `error: ...`)."""
+    return compose.prepared
 
 
 def pytest_terminal_summary(terminalreporter):
-    """How many bad inputs and faults the suite tried (issue: the catalogue must be visible)."""
+    """How many bad inputs and faults the suite tried (the catalogue must be visible)."""
     for marker in ("bad_input", "fault"):
         tried = [
             r for key in ("passed", "failed")

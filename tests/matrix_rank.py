@@ -1,27 +1,46 @@
-"""What the in-process matrices share (tests/ac_matrix.py, tests/ckpt_finetune_matrix.py): ranks
-started once by torchrun train every variant, composed from conf/ by Hydra and built by the lab's own
-`build_trainer`; rank 0 writes {label: result} as JSON."""
+"""Variant matrices on one set of ranks: torchrun starts 2 ranks once (`launch`), and they train
+every variant of a matrix module (tests/ac_matrix.py, tests/ckpt_finetune_matrix.py), each composed
+from conf/ by Hydra and built by the lab's own `build_trainer`. Rank 0 writes {label: result} as
+JSON; a variant that raises is recorded as {"error": its traceback}, so its test names it and the
+other variants still run."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
-from fsdp_lab.config import RunConfig, to_run_config
+from compose import compose_run
 from fsdp_lab.dist import init_distributed
 from fsdp_lab.mesh import ParallelDims
-from fsdp_lab.run import CONF_DIR  # registers the schema and resolvers
-from fsdp_lab.train import Trainer
 from fsdp_lab.worker import build_trainer
+from lab import REPO, lab_env
 
 
-def train(overrides: list[str], ctx) -> tuple[RunConfig, Trainer, list[dict]]:
+def launch(matrix_module: str, out_dir: Path, timeout: float = 600) -> dict:
+    """Run `tests/<matrix_module>.py` on 2 ranks; returns rank 0's {label: result}."""
+    out = out_dir / "matrix.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           str(REPO / "tests" / f"{matrix_module}.py"), str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=lab_env())
+    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def result_of(matrix: dict, label: str) -> dict:
+    """One variant's result; fails naming the variant's error when it raised."""
+    result = matrix[label]
+    assert "error" not in result, f"variant {label} raised:\n{result['error']}"
+    return result
+
+
+def train(overrides: list[str], ctx):
     """Compose `overrides`, build the run's trainer over every rank (dp_shard) and train it; returns
     the config, the trained trainer and its metric rows."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        run = to_run_config(compose(config_name="config", overrides=overrides))
+    run = compose_run(*overrides)
     dims = ParallelDims.resolve(pp=1, dp_replicate=1, dp_shard=-1, tp=1, world_size=ctx.world_size)
     rows: list[dict] = []
     trainer = build_trainer(run, dims, ctx, on_step=rows.append)
@@ -34,9 +53,10 @@ def run_matrix(variants: dict[str, list[str]], result: Callable[[list[str], obje
     ctx = init_distributed("cpu", timeout_s=120)
     results = {}
     for label, overrides in variants.items():
-        if ctx.is_main:  # a failure's traceback follows the variant it belongs to
-            print("variant", label, flush=True)
-        results[label] = result(overrides, ctx)
+        try:
+            results[label] = result(overrides, ctx)
+        except Exception:
+            results[label] = {"error": traceback.format_exc()}
     if ctx.is_main:
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1)

@@ -4,42 +4,36 @@ parameter offload, and saves the activation memory it should (the memory probe's
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-from hydra import compose, initialize_config_dir
 
-from fsdp_lab.config import ConfigError
-from fsdp_lab.run import CONF_DIR  # registers the schema and resolvers
-from fsdp_lab.validate import prepare
-from lab import REPO, lab_env, run_lab
 from ac_matrix import IMPLS, MODES, variants
+from fsdp_lab.config import ConfigError
+from lab import run_lab
+from matrix_rank import launch, result_of
 
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("ac") / "matrix.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "tests.ac_matrix", str(out)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=lab_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    return launch("ac_matrix", tmp_path_factory.mktemp("ac"))
 
 
+@pytest.mark.slow
 def test_matrix_covers_every_mode_and_implementation(matrix):
     assert set(matrix) == set(variants())
     assert {f"{mode}/{impl}" for mode in MODES for impl in IMPLS} <= set(matrix)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", sorted(variants()))
 def test_every_variant_trains_like_no_checkpointing(matrix, label):
-    parity = matrix[label]["parity"]
+    result = result_of(matrix, label)
+    parity = result["parity"]
     assert parity["ok"], parity
     assert parity["max_loss_abs_diff"] <= 1e-5 and parity["max_param_abs_diff"] <= 1e-5
-    assert matrix[label]["losses"] == pytest.approx(matrix["none"]["losses"], abs=1e-6)
+    assert result["losses"] == pytest.approx(result_of(matrix, "none")["losses"], abs=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_checkpointing_frees_activation_memory_after_forward(matrix, impl):
     none = matrix["none"]["after_fwd_mib"]
@@ -49,28 +43,26 @@ def test_checkpointing_frees_activation_memory_after_forward(matrix, impl):
     assert full < op < none, "keeping matmul outputs saves less than recomputing everything"
 
 
+@pytest.mark.slow
 def test_implementations_save_the_same_activations(matrix):
     for mode in ("full", "selective_layer", "selective_op"):
         figures = {matrix[f"{mode}/{impl}"]["after_fwd_mib"] for impl in IMPLS}
         assert max(figures) - min(figures) < 1e-3, (mode, figures)
 
 
+@pytest.mark.slow
 def test_checkpointing_saves_memory_under_ddp_and_cpu_offload_too(matrix):
     for tag in ("ddp", "cpu_offload"):
         assert matrix[f"full/composable/{tag}"]["after_fwd_mib"] < matrix[f"offload/utils/{tag}"]["after_fwd_mib"]
 
 
+@pytest.mark.slow
 def test_cli_run_with_selective_op_ac_on_the_default_transformer(tmp_path):
     result = run_lab("ac=selective", "ac.selective=op", "ac.impl=wrapper", "train.steps=3", "logger=none", run_dir=tmp_path / "run")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ac: mode=selective impl=wrapper on 1 of 2 blocks, selective=op" in result.stderr
     s = result.summary
     assert s["parity"]["ok"] and s["parity"]["max_param_abs_diff"] <= 1e-5
-
-
-def _prepare(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return prepare(compose(config_name="config", overrides=["device=cpu", *overrides]))
 
 
 @pytest.mark.parametrize(
@@ -84,6 +76,6 @@ def _prepare(*overrides: str):
         (["ac=full", "ac.impl=checkpoint"], "ac.impl=checkpoint: allowed are composable, utils, wrapper"),
     ],
 )
-def test_bad_ac_settings_are_refused_before_any_rank_starts(overrides, message):
+def test_bad_ac_settings_are_refused_before_any_rank_starts(prepared, overrides, message):
     with pytest.raises(ConfigError, match=message):
-        _prepare(*overrides)
+        prepared("device=cpu", *overrides)

@@ -9,6 +9,8 @@ import pytest
 
 from lab import run_lab
 
+pytestmark = pytest.mark.slow
+
 QUICK = ("train.steps=2", "logger=none", "probes.memory.enabled=false", "model.n_layers=2")
 UNITS = 3  # two blocks + the root
 

@@ -7,14 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
-from hydra import compose, initialize_config_dir
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from checkpoints import assert_bitwise_equal, params
 from fsdp_lab.checkpoint import META_FILE, PARTIAL_PREFIX, complete_checkpoints, resolve_resume, step_dir_name, verify
 from fsdp_lab.config import ConfigError
-from fsdp_lab.run import CONF_DIR  # registers the schema and resolvers
-from fsdp_lab.validate import prepare
 from lab import run_lab
 
 COMMON = ("logger=none", "probes.memory.enabled=false", "probes.perf.enabled=false", "checkpoint=dcp", "checkpoint.interval=3")
@@ -31,19 +27,6 @@ def ok(result):
     return result
 
 
-def params(checkpoint: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
-    """The model's full parameters in a checkpoint, gathered from its shards."""
-    out = tmp_path / f"{checkpoint.parent.parent.name}-{checkpoint.name}.pt"
-    dcp_to_torch_save(checkpoint, out)
-    return torch.load(out, weights_only=False)["model"]
-
-
-def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
-
-
 def losses(result) -> list[float]:
     return [row["loss"] for row in result.metrics]
 
@@ -53,6 +36,7 @@ def uninterrupted(tmp_path_factory):
     return ok(lab(f"train.steps={STEPS}", run_dir=tmp_path_factory.mktemp("uninterrupted") / "run"))
 
 
+@pytest.mark.slow
 def test_saves_every_interval_and_at_the_end_keeping_the_last_ones(uninterrupted):
     found = complete_checkpoints(uninterrupted.run_dir)
     assert [p.name for p in found] == [step_dir_name(3), step_dir_name(6)]
@@ -63,6 +47,7 @@ def test_saves_every_interval_and_at_the_end_keeping_the_last_ones(uninterrupted
     assert uninterrupted.summary["checkpoint"]["last_saved"] == str(found[-1])
 
 
+@pytest.mark.slow
 def test_n_steps_then_resume_to_2n_is_bitwise_identical(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
     first = ok(lab(f"train.steps={STEPS // 2}", "checkpoint.async_save=true", run_dir=run_dir))
@@ -78,6 +63,7 @@ def test_n_steps_then_resume_to_2n_is_bitwise_identical(uninterrupted, tmp_path)
     assert_bitwise_equal(params(run_dir / "checkpoints" / last, tmp_path), params(uninterrupted.run_dir / "checkpoints" / last, tmp_path))
 
 
+@pytest.mark.slow
 def test_killed_rank_is_restarted_and_the_run_ends_as_if_uninterrupted(uninterrupted, tmp_path):
     result = ok(lab(
         f"train.steps={STEPS}", "checkpoint.resume=auto", "checkpoint.keep=1", "launch.max_restarts=1",
@@ -100,6 +86,7 @@ def killed_during_save(tmp_path_factory):
     )
 
 
+@pytest.mark.slow
 def test_without_restarts_a_killed_rank_fails_the_run_naming_it(killed_during_save):
     assert killed_during_save.returncode == 1
     assert killed_during_save.error_lines == ["error: rank 0 died from signal SIGKILL"]
@@ -107,7 +94,8 @@ def test_without_restarts_a_killed_rank_fails_the_run_naming_it(killed_during_sa
     assert [r["step"] for r in killed_during_save.metrics] == list(range(1, STEPS + 1)), "finished steps are kept"
 
 
-def test_a_crash_during_save_leaves_the_previous_checkpoint_the_newest_usable(killed_during_save, uninterrupted):
+@pytest.mark.slow
+def test_a_crash_during_save_leaves_the_previous_checkpoint_the_newest_usable(killed_during_save, uninterrupted, prepared):
     root = killed_during_save.run_dir / "checkpoints"
     partial = root / f"{PARTIAL_PREFIX}{step_dir_name(STEPS)}"
     assert partial.is_dir() and (partial / ".metadata").exists(), "the shards were written"
@@ -116,10 +104,11 @@ def test_a_crash_during_save_leaves_the_previous_checkpoint_the_newest_usable(ki
     newest = resolve_resume("auto", killed_during_save.run_dir)
     assert newest == root / step_dir_name(3) and verify(newest)["step"] == 3
     with pytest.raises(ConfigError, match=r"incomplete: it has no meta\.json"):
-        _prepare(f"checkpoint.resume={partial}")
+        prepared("device=cpu", f"checkpoint.resume={partial}")
 
 
-def test_a_corrupt_checkpoint_is_refused_with_a_clear_error(uninterrupted, tmp_path):
+@pytest.mark.slow
+def test_a_corrupt_checkpoint_is_refused_with_a_clear_error(uninterrupted, tmp_path, prepared):
     broken = tmp_path / "broken"
     shutil.copytree(uninterrupted.run_dir / "checkpoints" / step_dir_name(3), broken)
     shard = next(broken.glob("*.distcp"))
@@ -127,11 +116,12 @@ def test_a_corrupt_checkpoint_is_refused_with_a_clear_error(uninterrupted, tmp_p
     with shard.open("r+b") as f:
         f.truncate(size // 2)
     with pytest.raises(ConfigError, match=rf"corrupt: {shard.name} has {size // 2} bytes, expected {size}"):
-        _prepare(f"checkpoint.resume={broken}")
+        prepared("device=cpu", f"checkpoint.resume={broken}")
     with pytest.raises(ConfigError, match="checkpoint.resume=/nonexistent: no such directory"):
-        _prepare("checkpoint.resume=/nonexistent")
+        prepared("device=cpu", "checkpoint.resume=/nonexistent")
 
 
+@pytest.mark.slow
 def test_resume_on_another_mesh_and_back(tmp_path):
     """Save on FSDP over 4 ranks, resume on HSDP 2x2, save there, resume on FSDP again: DCP reshards."""
     four = ("mesh.world_size=4", "train.steps=4", "checkpoint.interval=1", "checkpoint.keep=4")
@@ -147,16 +137,11 @@ def test_resume_on_another_mesh_and_back(tmp_path):
     print("cross-mesh losses: fsdp", expected, "hsdp from step 2", losses(on_hsdp), "fsdp from hsdp step 3", losses(back))
 
 
-def _prepare(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return prepare(compose(config_name="config", overrides=["device=cpu", *overrides]))
-
-
 @pytest.mark.parametrize("override,message", [
     ("checkpoint.interval=0", "checkpoint.interval=0: must be >= 1"),
     ("checkpoint.keep=0", "checkpoint.keep=0: must be >= 1"),
     ("fault.phase=load", "fault.phase=load: allowed are step, save"),
 ])
-def test_bad_checkpoint_settings_are_refused(override, message):
+def test_bad_checkpoint_settings_are_refused(prepared, override, message):
     with pytest.raises(ConfigError, match=message):
-        _prepare(override)
+        prepared("device=cpu", override)

@@ -5,11 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
-from fsdp_lab.config import ConfigError, to_run_config
-from fsdp_lab.run import CONF_DIR  # registers the schema and resolvers
+from fsdp_lab.config import ConfigError
+from fsdp_lab.run import CONF_DIR
 
 GROUPS = ["model", "mesh", "wrap", "ac", "checkpoint", "optim", "probes", "logger"]
 
@@ -18,25 +16,19 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
 
 
-def compose_run(overrides: list[str]):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return to_run_config(compose(config_name="config", overrides=overrides))
-
-
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
-def test_every_group_option_composes_onto_the_schema(group, option):
-    run = compose_run([f"{group}={option}"])
+def test_every_group_option_composes_onto_the_schema(compose_run, group, option):
+    run = compose_run(f"{group}={option}")
     assert getattr(run, group) is not None
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))
-def test_every_experiment_composes(experiment):
-    compose_run([f"+experiment={experiment}"])
+def test_every_experiment_composes(compose_run, experiment):
+    compose_run(f"+experiment={experiment}")
 
 
-def test_defaults_are_the_documented_default_experiment():
-    run = compose_run([])
+def test_defaults_are_the_documented_default_experiment(compose_run):
+    run = compose_run()
     assert (run.model.name, run.mesh.engine, run.mesh.dp_shard, run.train.steps) == ("transformer", "fsdp2", -1, 20)
 
 
@@ -49,6 +41,6 @@ def test_defaults_are_the_documented_default_experiment():
         ("optim.name=lion", "optim.name=lion: allowed are adam, adamw, sgd"),
     ],
 )
-def test_schema_rejects_unknown_keys_and_choices(override, fragment):
+def test_schema_rejects_unknown_keys_and_choices(compose_run, override, fragment):
     with pytest.raises(ConfigError, match=fragment):
-        compose_run([override])
+        compose_run(override)

@@ -4,18 +4,8 @@ naming the keys, the values and what is allowed (the exit code and the printed l
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from fsdp_lab.config import ConfigError
-from fsdp_lab.run import CONF_DIR
-from fsdp_lab.validate import prepare
-
-
-def prepare_overrides(overrides: list[str]):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return prepare(compose(config_name="config", overrides=overrides))
 
 
 @pytest.mark.parametrize(
@@ -49,16 +39,16 @@ def prepare_overrides(overrides: list[str]):
          "mesh: pp=1 x dp_replicate=4 x tp=1 = 4 does not divide the world size 6, so mesh.dp_shard=-1 cannot fill it"),
     ],
 )
-def test_impossible_combination_is_refused_with_one_line(overrides, message):
+def test_impossible_combination_is_refused_with_one_line(prepared, overrides, message):
     with pytest.raises(ConfigError) as raised:
-        prepare_overrides(overrides.split())
+        prepared(*overrides.split())
     assert str(raised.value) == message
 
 
-def test_presets_resolve_their_cpu_world():
-    shapes = {m: prepare_overrides([f"mesh={m}", "device=cpu"])[1] for m in ("single", "ddp", "fsdp", "hsdp")}
+def test_presets_resolve_their_cpu_world(prepared):
+    shapes = {m: prepared(f"mesh={m}", "device=cpu")[1] for m in ("single", "ddp", "fsdp", "hsdp")}
     assert {m: (d.world_size, d.dp_replicate, d.dp_shard) for m, d in shapes.items()} == {
         "single": (1, 1, 1), "ddp": (2, 1, 2), "fsdp": (2, 1, 2), "hsdp": (4, 2, 2),
     }
-    assert prepare_overrides(["mesh=hsdp", "device=cpu", "mesh.world_size=8"])[1].dp_shard == 4
+    assert prepared("mesh=hsdp", "device=cpu", "mesh.world_size=8")[1].dp_shard == 4
 

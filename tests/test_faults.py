@@ -13,7 +13,7 @@ import pytest
 
 from lab import REPO, lab_env, run_lab
 
-pytestmark = pytest.mark.fault
+pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
 QUICK = ("logger=none", "probes.memory.enabled=false", "model.n_layers=1")
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from lab import run_lab
-from test_meshes import COMMON, assert_parity_ok
+from parity_runs import FSDP1, PARITY_RUN, assert_parity_ok, fsdp1_strategy_line
 
-FSDP1 = ("mesh.engine=fsdp1",)
+pytestmark = pytest.mark.slow
 STRATEGY_RUNS = {
     # The size policy on dim 17 x ffn 51: each in_proj (918 params) is a unit, out_proj (884) stays in the root.
     "full_shard": ["fsdp.sharding_strategy=full_shard", "fsdp.use_orig_params=true", "wrap=size", "wrap.min_params=900",
@@ -19,15 +19,10 @@ STRATEGY_RUNS = {
 }
 
 
-def fsdp1_strategy_line(result) -> str:
-    """The strategy FSDP1 was given, from the rank's `fsdp1: ...` log line."""
-    return next(line for line in (result.stdout + result.stderr).splitlines() if "fsdp1: " in line)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp1")
-    return {name: run_lab(*COMMON, *FSDP1, *overrides, run_dir=root / name) for name, overrides in STRATEGY_RUNS.items()}
+    return {name: run_lab(*PARITY_RUN, *FSDP1, *overrides, run_dir=root / name) for name, overrides in STRATEGY_RUNS.items()}
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGY_RUNS))
@@ -44,6 +39,6 @@ def test_no_shard_holds_twice_the_parameters_and_state_of_shard_grad_op(runs):
 
 
 def test_bf16_params_state_their_tolerance_and_differ_from_fp32(tmp_path):
-    result = run_lab(*COMMON, *FSDP1, "fsdp.param_dtype=bfloat16", run_dir=tmp_path / "run")
+    result = run_lab(*PARITY_RUN, *FSDP1, "fsdp.param_dtype=bfloat16", run_dir=tmp_path / "run")
     p = assert_parity_ok(result, tolerance=5e-2)["parity"]
     assert p["max_loss_abs_diff"] > 1e-4, "bf16 compute must show against the fp32 reference"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import itertools
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -17,6 +18,8 @@ from fsdp_lab.models.mlp import MLPStack
 from fsdp_lab.parallel.fsdp1 import apply_fsdp1
 from fsdp_lab.probes.flat_shards import flat_shard_pairs
 from fsdp_lab.probes.parity import max_param_abs_diff
+
+pytestmark = pytest.mark.slow
 
 WORLD = 2
 CASES = list(itertools.product(("full_shard", "shard_grad_op", "no_shard"), (False, True)))

@@ -8,17 +8,14 @@ import json
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from torch.optim.optimizer import _default_to_fused_or_foreach
 
+import compose
 from fsdp_lab.config import ConfigError, OptimConfig
 from fsdp_lab.estimate import estimate
 from fsdp_lab.optim import build_optimizer
 from fsdp_lab.probes.memory import PHASES
 from fsdp_lab.probes.memory_breakdown import BREAKDOWN_JSON, BREAKDOWN_TABLE
-from fsdp_lab.run import CONF_DIR  # registers the schema and resolvers
-from fsdp_lab.validate import prepare
 from lab import run_lab
 from wandb_records import OfflineRun
 
@@ -26,16 +23,10 @@ TRACKED = ("train.steps=2", "probes.memory.tracker=module", "probes.parity.enabl
 FSDP_UNITS = {"FSDPTransformer", "FSDPTransformer.layers.0", "FSDPTransformer.layers.1"}
 
 
-def prepared(*overrides: str):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return prepare(compose(config_name="config", overrides=list(overrides)))
-
-
 @functools.cache
 def estimated(*overrides: str) -> dict:
     """Read-only: tests share the estimates of equal configurations."""
-    return estimate(*prepared("mode=estimate", *overrides))
+    return estimate(*compose.prepared("mode=estimate", *overrides))
 
 
 def assert_sums_to_total(categories: dict, total: float, where: str) -> None:
@@ -57,6 +48,7 @@ def breakdown(run) -> dict:
     return json.loads((run.run_dir / BREAKDOWN_JSON).read_text())
 
 
+@pytest.mark.slow
 def test_breakdown_has_every_fsdp_unit_in_both_passes_and_its_categories_sum_to_the_peak(tracked):
     report = breakdown(tracked[2])
     assert (report["tracker"], report["step"], report["device"]) == ("FSDPMemTracker", 2, "cpu")
@@ -76,6 +68,7 @@ def test_breakdown_has_every_fsdp_unit_in_both_passes_and_its_categories_sum_to_
     assert "| FSDPTransformer.layers.1 | backward |" in table and "Sharded Param" in table
 
 
+@pytest.mark.slow
 def test_tracked_step_reports_the_tracker_in_metrics_summary_and_wandb(tracked):
     run = tracked[2]
     report = breakdown(run)
@@ -93,6 +86,7 @@ def test_tracked_step_reports_the_tracker_in_metrics_summary_and_wandb(tracked):
     assert table["_type"] == "table-file" and table["nrows"] == 2 * len(FSDP_UNITS) + 1
 
 
+@pytest.mark.slow
 def test_sharded_parameter_and_optimizer_memory_halve_from_2_to_4_ranks(tracked):
     two, four = breakdown(tracked[2])["peak_categories_mib"], breakdown(tracked[4])["peak_categories_mib"]
     assert four["Sharded Param"] == pytest.approx(two["Sharded Param"] / 2, rel=1e-3)
@@ -100,6 +94,7 @@ def test_sharded_parameter_and_optimizer_memory_halve_from_2_to_4_ranks(tracked)
     assert len(breakdown(tracked[4])["ranks"]) == 4
 
 
+@pytest.mark.slow
 def test_estimate_on_a_fake_group_predicts_the_tracked_run(tracked):
     real = breakdown(tracked[2])
     predicted = estimated("mesh.dp_shard=2")
@@ -144,6 +139,7 @@ def test_estimate_of_hsdp_shards_within_the_replica():
     assert hsdp["peak_categories_mib"]["Sharded Param"] == pytest.approx(fsdp["peak_categories_mib"]["Sharded Param"])
 
 
+@pytest.mark.slow
 def test_estimate_cli_prints_the_prediction_and_writes_estimate_json(tmp_path):
     result = run_lab("mode=estimate", "mesh.dp_shard=64", "model.dim=256", "logger=none", run_dir=tmp_path / "run", timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -162,17 +158,17 @@ def test_estimate_cli_prints_the_prediction_and_writes_estimate_json(tmp_path):
         (["model.compile=true", "mesh.world_size=2"], "model.compile=true: mode=estimate cannot predict this"),
     ],
 )
-def test_estimate_refuses_what_it_cannot_predict(overrides, message):
+def test_estimate_refuses_what_it_cannot_predict(prepared, overrides, message):
     """The rest of the refusals, and the one-line CLI form, are in test_bad_input's catalogue."""
     with pytest.raises(ConfigError, match=message):
         prepared("mode=estimate", *overrides)
 
 
-def test_estimate_world_size_comes_from_the_degrees_not_the_devices():
+def test_estimate_world_size_comes_from_the_degrees_not_the_devices(prepared):
     run, dims = prepared("mode=estimate", "mesh.dp_replicate=4", "mesh.dp_shard=32")
     assert dims.world_size == 128
 
 
-def test_tracker_step_must_exist():
+def test_tracker_step_must_exist(prepared):
     with pytest.raises(ConfigError, match="probes.memory.tracker_step=3: must be in 2..train.steps=2"):
         prepared("probes.memory.tracker=module", "probes.memory.tracker_step=3", "train.steps=2")

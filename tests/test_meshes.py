@@ -7,19 +7,9 @@ from __future__ import annotations
 import pytest
 
 from lab import run_lab
+from parity_runs import PARITY_RUN, assert_parity_ok
 
-COMMON = ("model=mlp_stack", "optim=sgd", "train.steps=6", "probes.parity.param_every=3", "probes.memory.enabled=false", "logger=none")
-
-
-def assert_parity_ok(result, tolerance: float = 1e-5) -> dict:
-    assert result.returncode == 0, result.stderr[-3000:]
-    s = result.summary
-    p = s["parity"]
-    assert s["status"] == "ok" and s["steps"] == 6
-    assert p["ok"] and p["tolerance"] == tolerance
-    assert p["max_loss_abs_diff"] <= tolerance and p["max_param_abs_diff"] <= tolerance, p
-    assert sum("parity/param_max_abs_diff" in r for r in result.metrics) == 2, "parameters compared at steps 3 and 6"
-    return s
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize(
@@ -34,6 +24,6 @@ def assert_parity_ok(result, tolerance: float = 1e-5) -> dict:
     ids=["single", "ddp", "fsdp-size-policy", "hsdp-classes-policy"],
 )
 def test_mesh_preset_matches_ddp(tmp_path, overrides, mesh):
-    s = assert_parity_ok(run_lab(*overrides, *COMMON, run_dir=tmp_path / "run"))
+    s = assert_parity_ok(run_lab(*overrides, *PARITY_RUN, run_dir=tmp_path / "run"))
     assert s["mesh"] == mesh
     assert s["world_size"] == mesh["pp"] * mesh["dp_replicate"] * mesh["dp_shard"] * mesh["tp"]

@@ -12,6 +12,8 @@ import pytest
 
 from lab import REPO, lab_env, rank_zero_env, run_lab
 
+pytestmark = pytest.mark.slow
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("memory_per_phase.png", "loss_and_parity.png", "memory_vs_step_time.png")
 # job -> (its distinguishing overrides, status)

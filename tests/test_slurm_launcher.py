@@ -11,7 +11,7 @@ import pytest
 
 from lab import REPO, run_lab
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 TINY = ["train.steps=2", "logger=none", "probes.memory.enabled=false", "model.n_layers=1", "model.ffn_dim=32"]
 

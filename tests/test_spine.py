@@ -10,6 +10,8 @@ from fsdp_lab.probes.memory import PHASES
 from lab import run_lab
 from wandb_records import OfflineRun
 
+pytestmark = pytest.mark.slow
+
 METRIC_KEYS = {"step", "loss", "parity/loss_abs_diff", "memory/peak_mib", "perf/step_time_s", "perf/tokens_per_s", "perf/mfu"}
 
 

@@ -10,6 +10,8 @@ import yaml
 
 from lab import REPO, run_lab
 
+pytestmark = pytest.mark.slow
+
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("torch_*.yaml"))
 # Figures only a GPU can give: on CPU their verdict is n/a (ok null), never false.
 GPU_ONLY = {"tracker_accuracy"}

@@ -11,8 +11,6 @@ for all of them: tests/ckpt_finetune_matrix.py):
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -20,7 +18,9 @@ from ckpt_finetune_matrix import (
     ENGINE_POINTS, FINE_TUNE_EXPERIMENTS, STRATEGIES, all_variants, checkpoint_variants,
     composition_variants, fine_tune_variants,
 )
-from lab import REPO, lab_env
+from matrix_rank import launch, result_of
+
+pytestmark = pytest.mark.slow  # every test reads the matrix trained by 2 real ranks
 
 CHECKPOINT_WRAPPERS = {"full": "CheckpointWrapper", "offload": "OffloadWrapper"}
 MANUAL_RUNNERS = {"full": "checkpoint", "offload": "_on_cpu"}
@@ -28,11 +28,7 @@ MANUAL_RUNNERS = {"full": "checkpoint", "offload": "_on_cpu"}
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("ckpt_finetune") / "matrix.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "tests.ckpt_finetune_matrix", str(out)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=lab_env())
-    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    return launch("ckpt_finetune_matrix", tmp_path_factory.mktemp("ckpt_finetune"))
 
 
 def test_the_matrix_runs_every_point_of_both_sweeps(matrix):
@@ -44,7 +40,7 @@ def test_the_matrix_runs_every_point_of_both_sweeps(matrix):
 
 @pytest.mark.parametrize("label", sorted(all_variants()))
 def test_every_verdict_holds(matrix, label):
-    checks = matrix[label]["checks"]
+    checks = result_of(matrix, label)["checks"]
     assert checks and all(v["ok"] is True for v in checks.values()), checks
     parity = checks["parity_ok"]["value"]
     assert parity["max_loss_abs_diff"] <= 1e-5 and parity["max_param_abs_diff"] <= 1e-5

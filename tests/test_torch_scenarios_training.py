@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from checkpoints import assert_bitwise_equal, params
 from fsdp_lab.checkpoint import step_dir_name
 from fsdp_lab.checks import resumed
 from fsdp_lab.config import ConfigError
 from lab import run_lab
-from test_checkpoint import assert_bitwise_equal, params
-from test_tp_pp import prepare_with
 
 NO_RESHARD = ("torch_multi_group", "torch_multi_forward_module", "torch_non_root_forward_backward", "torch_float64_after_sharding")
 
@@ -36,6 +35,7 @@ def no_reshard(tmp_path_factory) -> dict[str, tuple[dict, list[dict], Path]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", NO_RESHARD)
 def test_parity_holds_without_resharding_after_forward(no_reshard, experiment):
     summary, rows, _ = no_reshard[experiment]
@@ -43,6 +43,7 @@ def test_parity_holds_without_resharding_after_forward(no_reshard, experiment):
     assert [r["step"] for r in rows] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_groups_kept_unsharded_after_forward_all_gather_once(no_reshard):
     """test_train_parity_multi_group: 3 groups (2 blocks + root) all-gather once per step without
     resharding, twice with it (the experiment's verdict all_gather_per_step:6)."""
@@ -51,6 +52,7 @@ def test_groups_kept_unsharded_after_forward_all_gather_once(no_reshard):
     assert {r["comm/reduce_scatter_count"] for r in rows} == {3}
 
 
+@pytest.mark.slow
 def test_the_non_root_block_trains_alone_in_step_with_ddp(no_reshard):
     """test_non_root_forward_backward: every step also reports the lone block's loss, equal to the
     reference's (whose gradients of that block are averaged by hand)."""
@@ -60,6 +62,7 @@ def test_the_non_root_block_trains_alone_in_step_with_ddp(no_reshard):
     assert "parity/param_max_abs_diff" in rows[-1] and summary["parity"]["max_param_abs_diff"] <= 1e-4
 
 
+@pytest.mark.slow
 def test_a_model_cast_to_float64_after_sharding_trains_in_float64(no_reshard):
     """test_to_float64_after_init: float64's tolerance (1e-10) against a float64 reference; the
     lab checks every shard's dtype after the cast and logs it."""
@@ -82,6 +85,7 @@ def resume_pair(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 def test_2d_checkpoint_resume_ends_bitwise_like_an_uninterrupted_run(resume_pair, tmp_path):
     interrupted, uninterrupted = resume_pair["resumed"], resume_pair["uninterrupted"]
     assert interrupted.summary["checkpoint"]["resumed_from"].endswith(step_dir_name(2))
@@ -113,9 +117,9 @@ REFUSALS = [
 
 
 @pytest.mark.parametrize("overrides,message", REFUSALS, ids=[m.split(":")[0] for _, m in REFUSALS])
-def test_settings_these_scenarios_cannot_combine_with_are_refused(overrides, message):
+def test_settings_these_scenarios_cannot_combine_with_are_refused(prepared, overrides, message):
     with pytest.raises(ConfigError) as e:
-        prepare_with(*overrides)
+        prepared(*overrides)
     assert str(e.value).startswith(message), str(e.value)
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from lab import run_lab
+
+pytestmark = pytest.mark.slow
 
 TINY = ["train.steps=2", "logger=none", "probes.memory.enabled=false", "model.n_layers=1", "model.dim=16", "model.ffn_dim=32"]
 

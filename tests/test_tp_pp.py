@@ -8,12 +8,8 @@ gradient (missing TP reduction, unscaled microbatches, a stage left out) shows i
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from fsdp_lab.config import ConfigError
-from fsdp_lab.run import CONF_DIR
-from fsdp_lab.validate import prepare
 from lab import run_lab
 
 SGD = ("optim=sgd", "optim.lr=0.1", "logger=none")
@@ -32,6 +28,7 @@ def assert_parity(result, world_size: int, mesh: dict, steps: int) -> dict:
     return s
 
 
+@pytest.mark.slow
 def test_tp2d_transformer_with_sequence_parallel_and_odd_ffn_matches_ddp(tmp_path):
     steps = 5
     result = run_lab(
@@ -43,6 +40,7 @@ def test_tp2d_transformer_with_sequence_parallel_and_odd_ffn_matches_ddp(tmp_pat
     assert s["memory"]["peak_mib"] > 0, "the memory probe follows TP"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "schedule,overrides,world_size,mesh,stages_line",
     [
@@ -68,12 +66,6 @@ def test_pipeline_schedule_matches_unpipelined_ddp(tmp_path, schedule, overrides
     # reports the loss the last stage computed, averaged over dp.
     assert_parity(result, world_size, mesh, steps)
     assert f"pp: {schedule}, {stages_line}" in result.stdout + result.stderr
-
-
-def prepare_with(*overrides: str):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return prepare(compose(config_name="config", overrides=list(overrides)))
 
 
 REFUSALS = [
@@ -109,17 +101,17 @@ REFUSALS = [
 
 @pytest.mark.parametrize("overrides,message", REFUSALS, ids=[" ".join(o) for o, _ in REFUSALS])
 @pytest.mark.bad_input
-def test_shapes_that_cannot_be_split_are_refused_naming_every_factor(overrides, message):
+def test_shapes_that_cannot_be_split_are_refused_naming_every_factor(prepared, overrides, message):
     # In-process (fast); tests/test_bad_input.py runs a few of these through the command line.
     with pytest.raises(ConfigError) as refused:
-        prepare_with(*overrides)
+        prepared(*overrides)
     assert str(refused.value).startswith(message)
     assert "\n" not in str(refused.value)
 
 
-def test_presets_compose_to_runnable_meshes():
-    _, dims = prepare_with("mesh=tp2d")
+def test_presets_compose_to_runnable_meshes(prepared):
+    _, dims = prepared("mesh=tp2d")
     assert dims.as_dict() == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 2}
-    run, dims = prepare_with("mesh=nd")
+    run, dims = prepared("mesh=nd")
     assert dims.as_dict() == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 2}
     assert run.mesh.pp_schedule == "gpipe"

@@ -11,6 +11,8 @@ from fsdp_lab.probes.memory import PHASES
 from lab import lab_env, rank_zero_env, run_lab
 from wandb_records import OfflineRun
 
+pytestmark = pytest.mark.slow
+
 SECRET = "tok-3f9a1c77e2b04d5e-do-not-log"
 API_KEY = "fake0123456789abcdef0123456789abcdef0123"  # 40 characters, like a real W&B key
 JOBS = {"0": "adamw", "1": "sgd"}
