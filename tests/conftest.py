@@ -1,5 +1,5 @@
 import sys
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 import pytest
@@ -11,6 +11,7 @@ from lab import LAUNCHERS  # noqa: E402
 # In-process composition needs the launcher plugins too (conf/config.yaml selects hydra/launcher=torchrun).
 sys.path.insert(0, str(LAUNCHERS))
 import compose  # noqa: E402
+import worlds  # noqa: E402
 from tiers import MARKER, in_process_only  # noqa: E402
 
 
@@ -48,6 +49,21 @@ def prepared(not_a_rank):
     """`prepared(*overrides) -> (RunConfig, ParallelDims)`: composed and checked as the CLI does
     before any rank starts (raises the ConfigError the CLI prints as `error: ...`)."""
     return compose.prepared
+
+
+@pytest.fixture
+def fake_group():
+    """`fake_group(world_size, rank=0)`: this process as `rank` of a fake process group (collectives
+    do nothing) until the test ends: for what parallelizing builds."""
+    with ExitStack() as joined:
+        yield lambda world_size, rank=0: joined.enter_context(worlds.fake_group(world_size, rank))
+
+
+@pytest.fixture
+def world_of_one(not_a_rank):
+    """A real gloo process group of this process alone (rank 0 of 1); yields its DistContext."""
+    with worlds.world_of_one() as ctx:
+        yield ctx
 
 
 def pytest_terminal_summary(terminalreporter):

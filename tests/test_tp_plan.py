@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
-from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
 from fsdp_lab.config import ModelConfig
 from fsdp_lab.models import build_model
@@ -18,12 +16,9 @@ from fsdp_lab.parallel.tp import apply_tp
 
 
 @pytest.fixture
-def tp_mesh():
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    try:
-        yield init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    finally:
-        dist.destroy_process_group()
+def tp_mesh(fake_group):
+    fake_group(2)
+    return init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
 
 
 @pytest.mark.parametrize("hidden,local", [(8, True), (7, False)], ids=["even-local", "uneven-dtensor"])
