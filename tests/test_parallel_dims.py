@@ -1,0 +1,63 @@
+"""ParallelDims, the mesh logic, without a process group: degrees resolve to the world size or are
+refused naming every factor; then the named meshes it builds, on a fake group of 8 ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsdp_lab.config import ConfigError
+from fsdp_lab.mesh import MESH_DIM_NAMES, ParallelDims
+
+
+def dims(world_size: int, pp: int = 1, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1) -> ParallelDims:
+    return ParallelDims.resolve(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, world_size=world_size)
+
+
+@pytest.mark.parametrize(
+    "degrees,world_size,dp_shard",
+    [({}, 1, 1), ({}, 8, 8), ({"tp": 2}, 8, 4), ({"pp": 2, "tp": 2}, 8, 2), ({"dp_replicate": 2, "tp": 2}, 8, 2)],
+)
+def test_dp_shard_minus_one_fills_the_world(degrees, world_size, dp_shard):
+    d = dims(world_size, **degrees)
+    assert d.dp_shard == dp_shard
+    assert d.pp * d.dp_replicate * d.dp_shard * d.tp == d.world_size == world_size
+
+
+@pytest.mark.parametrize(
+    "degrees,world_size,message",
+    [
+        ({"tp": 3}, 8, "mesh: pp=1 x dp_replicate=1 x tp=3 = 3 does not divide the world size 8, so mesh.dp_shard=-1 cannot fill it"),
+        ({"dp_shard": 3}, 8, "mesh: pp=1 x dp_replicate=1 x dp_shard=3 x tp=1 = 3, but the world size is 8"),
+        ({"pp": 2, "dp_replicate": 2, "dp_shard": 2, "tp": 2}, 8, "mesh: pp=2 x dp_replicate=2 x dp_shard=2 x tp=2 = 16, but the world size is 8"),
+        ({"tp": 0}, 8, "mesh.tp=0: must be >= 1"),
+        ({"pp": 0}, 8, "mesh.pp=0: must be >= 1"),
+        ({"dp_replicate": 0}, 8, "mesh.dp_replicate=0: must be >= 1"),
+        ({"dp_shard": 0}, 8, "mesh.dp_shard=0: must be >= 1, or -1 to fill the world size"),
+    ],
+)
+def test_degrees_that_do_not_make_the_world_are_refused_naming_every_factor(degrees, world_size, message):
+    with pytest.raises(ConfigError) as refused:
+        dims(world_size, **degrees)
+    assert str(refused.value) == message
+
+
+def test_which_dimensions_are_on():
+    fsdp, hsdp, ddp_like, nd = dims(8), dims(8, dp_replicate=2), dims(8, dp_replicate=8), dims(8, pp=2, tp=2)
+    assert (fsdp.dp, fsdp.hsdp_enabled, fsdp.fsdp_dim_names) == (8, False, ("dp_shard",))
+    assert (hsdp.dp, hsdp.hsdp_enabled, hsdp.fsdp_dim_names) == (8, True, ("dp_replicate", "dp_shard"))
+    # Replicas without shards: FSDP still gets the 2-D mesh (each "shard" holds everything).
+    assert (ddp_like.dp_shard, ddp_like.hsdp_enabled, ddp_like.fsdp_dim_names) == (1, False, ("dp_replicate", "dp_shard"))
+    assert (nd.dp, nd.pp_enabled, nd.tp_enabled, fsdp.pp_enabled, fsdp.tp_enabled) == (2, True, True, False, False)
+    assert list(nd.as_dict()) == list(MESH_DIM_NAMES)
+
+
+def test_meshes_are_named_4d_with_a_flattened_dp(fake_group):
+    fake_group(8)
+    d = dims(8, dp_replicate=2, tp=2)
+    mesh, dp_mesh = d.build_meshes("cpu")
+    assert mesh.mesh_dim_names == MESH_DIM_NAMES and tuple(mesh.shape) == (1, 2, 2, 2)
+    assert dp_mesh.mesh_dim_names == ("dp",) and dp_mesh.size() == d.dp == 4
+    fsdp_mesh = mesh[d.fsdp_dim_names]
+    assert fsdp_mesh.mesh_dim_names == ("dp_replicate", "dp_shard") and tuple(fsdp_mesh.shape) == (2, 2)
+    # Rank 0's groups: tp neighbours are adjacent ranks, dp ranks stride over tp.
+    assert mesh["tp"].mesh.tolist() == [0, 1] and dp_mesh.mesh.tolist() == [0, 2, 4, 6]
