@@ -83,13 +83,13 @@ class ModelConfig:
 
 @dataclass
 class MeshConfig:
-    pp: int = 1
+    pp: int = bounded(1, ge=1)
     """Pipeline-parallel degree."""
-    dp_replicate: int = 1
+    dp_replicate: int = bounded(1, ge=1)
     """Replicas of the data-parallel group (HSDP's outer dimension, DDP's degree)."""
-    dp_shard: int = -1
+    dp_shard: int = bounded(-1, ge=-1)
     """Shards within a replica (FSDP's degree); -1 takes what the world size leaves."""
-    tp: int = 1
+    tp: int = bounded(1, ge=1)
     """Tensor-parallel degree."""
     engine: str = choice("fsdp2", "fsdp2", "fsdp1", "ddp")
     """fsdp2 = fully_shard, fsdp1 = FullyShardedDataParallel, ddp = DistributedDataParallel."""
@@ -97,11 +97,11 @@ class MeshConfig:
     """With mesh.tp > 1 (transformer): norms and residual activations sharded along the sequence."""
     pp_schedule: str = choice("1f1b", "gpipe", "1f1b", "interleaved_1f1b")
     """Pipeline schedule when mesh.pp > 1; its microbatches are train.microbatches."""
-    pp_stages_per_rank: Optional[int] = None
+    pp_stages_per_rank: Optional[int] = bounded(None, ge=1)
     """Pipeline stages each pp rank holds; null = 1, or 2 for interleaved_1f1b (which needs >= 2)."""
-    world_size: Optional[int] = None
+    world_size: Optional[int] = bounded(None, ge=1)
     """Ranks to spawn when dp_shard=-1; null = one per GPU, or mesh.cpu_world_size on CPU."""
-    cpu_world_size: int = 2
+    cpu_world_size: int = bounded(2, ge=1)
     """Ranks to spawn on CPU when world_size is null: 2 is the smallest world that shards; a preset
     whose mesh needs more (hsdp: 2 x 2) asks for them here without binding the GPU run's size."""
 
@@ -117,10 +117,10 @@ class FSDPConfig:
     """Dtype of gradient reduction; null = param_dtype."""
     cpu_offload: bool = False
     """Keep sharded params, grads and optimizer step on CPU (CPUOffloadPolicy)."""
-    forward_prefetch: int = 0
+    forward_prefetch: int = bounded(0, ge=0)
     """Blocks to all-gather ahead in forward (explicit prefetch); 0 = FSDP's implicit prefetch.
     fsdp1 prefetches at most one block: 1 sets its forward_prefetch."""
-    backward_prefetch: int = 0
+    backward_prefetch: int = bounded(0, ge=0)
     """Blocks to all-gather ahead in backward (explicit prefetch); 0 = FSDP's implicit prefetch."""
     post_optim_event: bool = False
     """fsdp2: after every optimizer.step record an event on the current stream and hand it to the root
@@ -144,7 +144,7 @@ class FSDPConfig:
 class WrapConfig:
     policy: str = choice("block", "block", "linear", "root", "size", "classes")
     """Which modules get their own FSDP unit; the root is always wrapped."""
-    min_params: int = 100_000
+    min_params: int = bounded(100_000, ge=1)
     """For policy=size: smallest module (in parameters) that gets its own unit."""
     classes: list[str] = field(default_factory=list)
     """For policy=classes: module class names that get their own unit."""
@@ -159,7 +159,7 @@ class ACConfig:
     the engine: FSDP(checkpoint(block)); outer_wrapper = checkpoint_wrapper around the blocks the
     engine wrapped: checkpoint(FSDP(block)) (not with DDP); manual = the model's forward calls
     torch.utils.checkpoint.checkpoint (or enters save_on_cpu) around each block itself."""
-    every: int = 2
+    every: int = bounded(2, ge=1)
     """For mode=selective: checkpoint every k-th block (1 = all of them)."""
     selective: str = choice("layer", "layer", "op")
     """For mode=selective: layer = the chosen blocks recompute everything; op = they keep their matmul
@@ -173,9 +173,9 @@ class ACConfig:
 class CheckpointConfig:
     kind: str = choice("none", "none", "dcp")
     """none, or torch.distributed.checkpoint of model + optimizer + step."""
-    interval: int = 10
+    interval: int = bounded(10, ge=1)
     """Save every this many optimizer steps (and at the end)."""
-    keep: int = 2
+    keep: int = bounded(2, ge=1)
     """Complete checkpoints kept; older ones are deleted."""
     resume: Optional[str] = None
     """null = start fresh; auto = newest complete checkpoint of this run dir; or a checkpoint PATH."""
@@ -187,11 +187,11 @@ class CheckpointConfig:
 class OptimConfig:
     name: str = choice("adamw", "adam", "adamw", "sgd")
     """Optimizer. SGD with momentum exposes gradient-averaging bugs that Adam's scale invariance hides."""
-    lr: float = 1e-3
+    lr: float = bounded(1e-3, gt=0)
     """Learning rate."""
-    weight_decay: float = 0.0
+    weight_decay: float = bounded(0.0, ge=0)
     """Weight decay."""
-    momentum: float = 0.9
+    momentum: float = bounded(0.9, ge=0, le=1)
     """Momentum (sgd)."""
     foreach: Optional[bool] = None
     """Multi-tensor implementation; null = torch's default."""
@@ -203,7 +203,7 @@ class ParityProbeConfig:
     """Train a DDP reference on the same data and compare every step."""
     strict: bool = False
     """Fail the run when parity drifts past tolerance."""
-    param_every: int = 5
+    param_every: int = bounded(5, ge=1)
     """Compare parameters (local shards vs the reference) every this many steps, and at the end."""
 
 
@@ -213,7 +213,7 @@ class MemoryProbeConfig:
     """Record memory at each phase of every step."""
     tracker: str = choice("none", "none", "module")
     """module: a per-module breakdown of one step by torch's (FSDP)MemTracker (memory_breakdown.json/.md)."""
-    tracker_step: int = 2
+    tracker_step: int = bounded(2, ge=2)
     """For tracker=module: the optimizer step tracked (>= 2: step 1 is the warm-up that creates optimizer state)."""
 
 
@@ -221,7 +221,7 @@ class MemoryProbeConfig:
 class PerfProbeConfig:
     enabled: bool = True
     """Record step time, tokens/s and (GPU) MFU."""
-    warmup_steps: int = 2
+    warmup_steps: int = bounded(2, ge=0)
     """Steps left out of the summary's step time."""
 
 
@@ -253,7 +253,7 @@ class LoggerConfig:
     """W&B group; null = the sweep's name in multirun (its dir below `sweeps/`, or the dir's name)."""
     tags: list[str] = field(default_factory=list)
     """W&B tags."""
-    init_timeout_s: float = 30.0
+    init_timeout_s: float = bounded(30.0, gt=0)
     """Seconds W&B may take to start (online: reach the server) before the run goes on without it."""
 
 
@@ -276,34 +276,34 @@ class TrainConfig:
     """Optimizer steps."""
     batch_size: int = bounded(4, ge=1)
     """Samples per data-parallel rank per optimizer step."""
-    microbatches: int = 1
+    microbatches: int = bounded(1, ge=1)
     """Forward/backward passes per optimizer step; must divide batch_size."""
-    seq_len: int = 32
+    seq_len: int = bounded(32, ge=1)
     """Tokens per sample (transformer); features per sample for MLPs are model.dim."""
-    seed: int = 0
+    seed: int = bounded(0, ge=0)
     """Seeds the weights (same on every rank) and the data (per step and data-parallel rank)."""
     deterministic: bool = False
     """Deterministic GPU kernels (torch.use_deterministic_algorithms): repeatable runs, slower steps."""
     accum: AccumConfig = field(default_factory=AccumConfig)
     """Gradient accumulation over train.microbatches."""
-    standalone_layer: Optional[int] = None
+    standalone_layer: Optional[int] = bounded(None, ge=0)
     """mlp_stack: after each optimizer step, block N alone (a non-root FSDP unit) runs forward and
     backward on the step's batch, then a second optimizer step follows; null = off."""
 
 
 @dataclass
 class LaunchConfig:
-    max_restarts: int = 0
+    max_restarts: int = bounded(0, ge=0)
     """torch elastic restarts of a failed rank group (local spawning)."""
-    timeout_s: int = 300
+    timeout_s: int = bounded(300, ge=1)
     """Collective timeout: a hang ends the run with the stuck collective named instead of forever."""
 
 
 @dataclass
 class FaultConfig:
-    kill_rank: Optional[int] = None
+    kill_rank: Optional[int] = bounded(None, ge=0)
     """Rank that dies at fault.at_step (for testing recovery)."""
-    at_step: Optional[int] = None
+    at_step: Optional[int] = bounded(None, ge=0)
     """Steps done when fault.kill_rank dies: at the start of the next step, or while saving this step's
     checkpoint (fault.phase=save). Only the first attempt of a restarted run dies."""
     phase: str = choice("step", "step", "save")

@@ -8,8 +8,11 @@ exit code, the one-line output and the absent run dir (a process costs seconds o
 
 from __future__ import annotations
 
+from dataclasses import fields, is_dataclass
+
 import pytest
 
+from fsdp_lab.config import RunConfig
 from lab import run_lab
 
 pytestmark = pytest.mark.bad_input
@@ -33,7 +36,7 @@ CATALOGUE = [
     ("model.dim=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
     ("mesh.dp_shard=3 mesh.world_size=2", "error: mesh.world_size=2, but pp=1 x dp_replicate=1 x dp_shard=3 x tp=1 = 3"),
     ("mesh.dp_replicate=3 mesh.world_size=4", "error: mesh: pp=1 x dp_replicate=3 x tp=1 = 3 does not divide the world size 4, so mesh.dp_shard=-1 cannot fill it"),
-    ("mesh.tp=0", "error: mesh.tp=0: must be >= 1"),
+    ("mesh.tp=0", "error: mesh.tp=0: allowed is >= 1"),
     ("model.n_heads=3", "error: model.n_heads=3: must divide model.dim=64"),
     ("fsdp.reshard_after_forward=3", "error: fsdp.reshard_after_forward=3: allowed are true, false, or an int >= 2 dividing mesh.dp_shard=2"),
     ("fsdp.reshard_after_forward=maybe", "error: fsdp.reshard_after_forward='maybe': allowed are true, false, or an int >= 2 dividing mesh.dp_shard=2"),
@@ -50,7 +53,7 @@ CATALOGUE = [
     ("mode=estimate mesh.world_size=4 mesh.tp=2", "error: mesh.tp=2: mode=estimate cannot predict this; allowed: 1 (tensor parallelism does not run under the fake backend)"),
     ("fault.kill_rank=5 fault.at_step=1", "error: fault.kill_rank=5: must be a rank in 0..1"),
     ("fault.kill_rank=1", "error: fault.kill_rank and fault.at_step: set both or neither"),
-    ("probes.memory.tracker=module probes.memory.tracker_step=1", "error: probes.memory.tracker_step=1: must be in 2..train.steps=20 (step 1 is the warm-up)"),
+    ("probes.memory.tracker=module probes.memory.tracker_step=30", "error: probes.memory.tracker_step=30: must be in 2..train.steps=20 (step 1 is the warm-up)"),
     ("model=mlp_stack model.freeze=nothing", "error: model.freeze=nothing: matches 0 of the 12 parameters of model.name=mlp_stack; allowed: a regex matching some but not all of layers.0.in_proj.weight, layers.0.in_proj.bias, layers.0.out_proj.weight, layers.0.out_proj.bias, ..."),
     ("model=mlp_stack model.freeze=layers", "error: model.freeze=layers: matches 12 of the 12 parameters of model.name=mlp_stack; allowed: a regex matching some but not all of layers.0.in_proj.weight, layers.0.in_proj.bias, layers.0.out_proj.weight, layers.0.out_proj.bias, ..."),
     ("model=mlp_stack model.freeze=in_proj probes.memory.tracker=module", "error: model.freeze=in_proj with probes.memory.tracker=module: torch's module tracker cannot follow frozen parameters; allowed: probes.memory.tracker=none (the per-phase probe works)"),
@@ -59,12 +62,16 @@ CATALOGUE = [
     ("checks=[parity_okay]", "error: checks=parity_okay: allowed are parity_ok, frozen_unchanged, phases_stable, optimizer_state_in_first_step, tracker_categories_sum_to_peak, tracker_accuracy, resumed, all_gather_per_step:N, reduce_scatter_per_step:N, all_reduce_per_step:N"),
     ("mode=estimate", "error: mesh.dp_shard=-1: mode=estimate needs the world size; set mesh.dp_shard=N or mesh.world_size=N"),
     ("mode=estimate mesh.engine=ddp mesh.world_size=8", "error: mesh.engine=ddp: mode=estimate cannot predict this; allowed: fsdp2 (FSDPMemTracker follows fully_shard only)"),
+    ("optim.lr=-0.1", "error: optim.lr=-0.1: allowed is > 0"),
+    ("train.seq_len=0", "error: train.seq_len=0: allowed is >= 1"),
+    ("probes.parity.param_every=0", "error: probes.parity.param_every=0: allowed is >= 1"),
+    ("optim.momentum=1.5", "error: optim.momentum=1.5: allowed is >= 0 and <= 1"),
 ]
 
 
-# One of each source of refusal: the schema (unknown key, choice), Hydra (type, group option), the
+# One of each source of refusal: the schema (unknown key, choice, limit), Hydra (type, group option), the
 # mesh, the checks of validate.py, the device.
-THROUGH_THE_CLI = {"+model.dimm=3", "mesh.engine=fsdp3", "model.dim=abc", "model=no_such", "train.microbatches=3",
+THROUGH_THE_CLI = {"optim.lr=-0.1", "+model.dimm=3", "mesh.engine=fsdp3", "model.dim=abc", "model=no_such", "train.microbatches=3",
                    "mesh.dp_shard=3 mesh.world_size=2", "device=cuda"}
 
 
@@ -93,6 +100,46 @@ def test_bad_input_is_refused_by_the_cli_before_any_rank_starts(tmp_path, overri
         assert result.returncode == 2 and result.error_lines == [message]
     assert "[rank" not in result.stdout + result.stderr, "no rank may start"
     assert not (tmp_path / "run").exists(), "a refused run leaves no run dir"
+
+
+# The model's fields are declared by each model family.
+NOT_WALKED = {"model"}
+NUMERIC = ("int", "float", "Optional[int]", "Optional[float]")
+
+
+def schema_fields(node=RunConfig(), path: str = "") -> list[tuple[str, str, dict]]:
+    """(key, type, limits) of every leaf field of the schema."""
+    found = []
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if is_dataclass(value):
+            if f.name not in NOT_WALKED:
+                found += schema_fields(value, f"{path}{f.name}.")
+        else:
+            found.append((f"{path}{f.name}", f.type, f.metadata.get("limits")))
+    return found
+
+
+def out_of_range(field_type: str, limits: dict) -> list:
+    """A value just past each limit: below ge, at gt, above le."""
+    cast = float if "float" in field_type else int
+    step = {"ge": -1, "gt": 0, "le": 1}
+    return [cast(limit + step[name]) for name, limit in limits.items()]
+
+
+BOUNDED = [(key, field_type, limits) for key, field_type, limits in schema_fields() if limits]
+LIMIT_CASES = [(key, value, limits) for key, field_type, limits in BOUNDED for value in out_of_range(field_type, limits)]
+
+
+def test_every_numeric_field_outside_the_model_declares_its_limits():
+    assert [key for key, field_type, limits in schema_fields() if field_type in NUMERIC and not limits] == []
+    assert len(BOUNDED) >= 30
+
+
+@pytest.mark.parametrize("key,value,limits", LIMIT_CASES, ids=[f"{k}={v}" for k, v, _ in LIMIT_CASES])
+def test_a_value_outside_a_declared_limit_is_refused_naming_the_limit(prepared, key, value, limits):
+    rule = " and ".join({"ge": f">= {x}", "gt": f"> {x}", "le": f"<= {x}"}[name] for name, x in limits.items())
+    assert refusal(prepared, f"{key}={value}") == f"error: {key}={value}: allowed is {rule}"
 
 
 @pytest.mark.slow
