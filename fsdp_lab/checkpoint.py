@@ -3,12 +3,14 @@ step, the RNG states and the data position, saved every `checkpoint.interval` st
 
 Layout, under `<run dir>/checkpoints/`:
     step_00000010/           a complete checkpoint: DCP's shards and `.metadata`, `rng/rank<R>.pt`,
-                             and `meta.json`, written last (step, loss, config, a manifest of files)
+                             and `meta.json`, written last (step, loss, config, a manifest of files
+                             with their sizes and CRC-32 checksums)
     .partial-step_00000020/  a save in progress, or one a crash interrupted: never resumed from
 
 A save writes into the partial directory and renames it once every rank has finished, so a crash
 leaves the previous checkpoint as the newest complete one. A checkpoint whose manifest does not
-match its files (truncated, missing) is refused with an error naming what is wrong."""
+match its files (truncated, missing, changed content) is refused with an error naming the file;
+`checkpoint.resume=auto` passes over it to the newest intact one, with a warning."""
 
 from __future__ import annotations
 
@@ -18,14 +20,16 @@ import os
 import re
 import shutil
 import time
+import zlib
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from fsdp_lab.config import CheckpointConfig, RunConfig
@@ -47,6 +51,13 @@ class CheckpointError(RuntimeError):
         self.reason = reason
 
 
+def root_cause(e: BaseException) -> BaseException:
+    """The first rank's own error inside DCP's CheckpointException (whose text is every rank's traceback)."""
+    if isinstance(e, CheckpointException) and e.failures:
+        return next(iter(e.failures.values()))[0]
+    return e
+
+
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
@@ -60,23 +71,49 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def verify(path: Path) -> dict:
-    """The checkpoint's meta.json after checking that every file it lists is there, whole."""
+def file_checksum(path: Path) -> str:
+    """CRC-32 of a file's content (zlib's, several GB/s; it and the reads release the GIL, so
+    files are checked side by side in threads)."""
+    crc, buffer = 0, bytearray(1 << 22)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            crc = zlib.crc32(view[:n], crc)
+    return f"{crc:08x}"
+
+
+def checksums(directory: Path, names: list[str]) -> dict[str, str]:
+    with ThreadPoolExecutor(max_workers=min(8, len(names) or 1)) as pool:
+        return dict(zip(names, pool.map(lambda name: file_checksum(directory / name), names)))
+
+
+def read_meta(path: Path) -> dict:
+    """The checkpoint's meta.json, which exists once its save has finished."""
     if not path.is_dir():
         raise CheckpointError(path, "no such directory")
     meta_path = path / META_FILE
     if not meta_path.exists():
         raise CheckpointError(path, f"incomplete: it has no {META_FILE}, which is written only once a save has finished")
     try:
-        meta = json.loads(meta_path.read_text())
+        return json.loads(meta_path.read_text())
     except ValueError as e:
         raise CheckpointError(path, f"corrupt: {META_FILE} is not valid JSON ({e})") from None
-    for name, size in meta["manifest"].items():
+
+
+def verify(path: Path) -> dict:
+    """The checkpoint's meta.json after checking that every file it lists is there, with its size
+    and content (its checksum) as saved."""
+    meta = read_meta(path)
+    manifest = meta["manifest"]
+    for name, entry in manifest.items():
         file = path / name
         if not file.exists():
             raise CheckpointError(path, f"corrupt: {name} is missing")
-        if file.stat().st_size != size:
-            raise CheckpointError(path, f"corrupt: {name} has {file.stat().st_size} bytes, expected {size}")
+        if file.stat().st_size != entry["bytes"]:
+            raise CheckpointError(path, f"corrupt: {name} has {file.stat().st_size} bytes, expected {entry['bytes']}")
+    for name, crc in checksums(path, list(manifest)).items():
+        if crc != manifest[name]["crc32"]:
+            raise CheckpointError(path, f"corrupt: the content of {name} has changed since the save (CRC-32 {crc}, saved {manifest[name]['crc32']})")
     return meta
 
 
@@ -95,13 +132,43 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     if resume is None:
         return None
     if resume == "auto":
-        found = complete_checkpoints(run_dir)
-        return found[-1] if found else None
+        return newest_intact(run_dir)
     return Path(resume)
 
 
-def _manifest(directory: Path) -> dict[str, int]:
+def agreed_resume(resume: str | None, run_dir: Path, rank: int) -> Path | None:
+    """`resolve_resume` by rank 0, the one answer for every rank (collective)."""
+    if resume != "auto":
+        return resolve_resume(resume, run_dir)
+    chosen = [resolve_resume(resume, run_dir) if rank == 0 else None]
+    dist.broadcast_object_list(chosen, src=0)
+    return chosen[0]
+
+
+def newest_intact(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of `run_dir` that passes `verify`; damaged ones are named in a warning."""
+    for path in reversed(complete_checkpoints(run_dir)):
+        try:
+            verify(path)
+            return path
+        except CheckpointError as e:
+            log.warning("warning: %s; checkpoint.resume=auto passes over it to an older one", e)
+    return None
+
+
+def _file_sizes(directory: Path) -> dict[str, int]:
     return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def share(sizes: dict[str, int], rank: int, world_size: int) -> list[str]:
+    """The files `rank` checksums: the largest first, each to the least loaded rank."""
+    load, mine = [0] * world_size, []
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        r = load.index(min(load))
+        load[r] += sizes[name]
+        if r == rank:
+            mine.append(name)
+    return mine
 
 
 def _rng_state() -> dict:
@@ -150,8 +217,9 @@ class Checkpointer:
     def _dcp_load(self, state: dict, path: Path) -> None:
         try:
             dcp.load(state, checkpoint_id=str(path), process_group=self.group)
-        except Exception as e:
-            raise CheckpointError(path, f"could not be loaded: {type(e).__name__}: {e}") from e
+        except (Exception, CheckpointException) as e:
+            cause = root_cause(e)
+            raise CheckpointError(path, f"could not be loaded: {type(cause).__name__}: {cause}") from e
 
     # ---- saving -------------------------------------------------------------------------------
 
@@ -190,9 +258,10 @@ class Checkpointer:
         dist.barrier(group=self.group)
         self.fault_point(pending.step, "save")
         dist.barrier(group=self.group)
+        manifest = self._manifest(pending.partial)
         final = self.root / step_dir_name(pending.step)
         if self.rank == 0:
-            write_json_atomic(pending.partial / META_FILE, {**pending.meta, "manifest": _manifest(pending.partial)})
+            write_json_atomic(pending.partial / META_FILE, {**pending.meta, "manifest": manifest})
             if final.exists():  # the same step saved again after a resume
                 shutil.rmtree(final)
             os.replace(pending.partial, final)
@@ -200,6 +269,15 @@ class Checkpointer:
                 shutil.rmtree(old)
             log.info("checkpoint: step %d saved to %s", pending.step, final)
         self.last_saved = final
+
+    def _manifest(self, directory: Path) -> dict[str, dict]:
+        """Every file's size and checksum; the ranks share the reading."""
+        sizes = _file_sizes(directory)
+        gathered = [None] * dist.get_world_size(self.group)
+        mine = checksums(directory, share(sizes, self.rank, len(gathered)))
+        dist.all_gather_object(gathered, mine, group=self.group)
+        crcs = {name: crc for part in gathered for name, crc in part.items()}
+        return {name: {"bytes": size, "crc32": crcs[name]} for name, size in sizes.items()}
 
     def _meta(self, step: int) -> dict:
         t = self.trainer
@@ -221,7 +299,7 @@ class Checkpointer:
 
     def load(self, path: Path) -> int:
         """Restore the trainer from `path` (DCP reshards to this run's mesh); returns its step."""
-        meta = verify(path)
+        meta = read_meta(path)  # verified by resolve_resume or before the ranks started
         self._check_compatible(path, meta)
         t = self.trainer
         state = self._state_dict()

@@ -12,6 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from fsdp_lab.checkpoint import newest_intact
 from fsdp_lab.config import ConfigError, register_schema
 from fsdp_lab.dist import is_rank_process, resolve_device_type
 from fsdp_lab.rundir import register_resolvers
@@ -72,6 +73,9 @@ def execute(cfg: DictConfig, run_dir: Path) -> None:
                 print(f"run dir: {run_dir}", flush=True)
         return
     from fsdp_lab.spawn import Interrupted, RankFailed, spawn_ranks
+
+    if run.checkpoint.resume == "auto":
+        newest_intact(run_dir)  # a damaged checkpoint is named before any rank starts
 
     try:
         spawn_ranks(run, dims, run_dir)

@@ -30,8 +30,10 @@ def describe_failure(err: ChildFailedError) -> str:
     rank, failure = err.get_first_failure()
     if failure.exitcode < 0:
         return f"rank {rank} died from signal {failure.signal_name()}"
+    if not os.path.isfile(failure.error_file):  # it exited without raising: elastic's message is boilerplate
+        return f"rank {rank} failed: exit code {failure.exitcode}"
     message = failure.message
-    if isinstance(message, dict):  # the error file written by @record: {"message": "Type: text", ...}
+    if isinstance(message, dict):  # the error file written by record_failure: {"message": "Type: text", ...}
         message = message.get("message", "")
     message = str(message).strip().splitlines()[0] if message else f"exit code {failure.exitcode}"
     return f"rank {rank} failed: {message}"
@@ -61,16 +63,22 @@ def _forked_rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
 
 def spawn_ranks(run: RunConfig, dims: ParallelDims, run_dir: Path) -> None:
     """Run `rank_main` on `dims.world_size` local ranks; raises RankFailed naming the first failure."""
-    n = dims.world_size
+    start_method = child_start_method(resolve_device_type(run.device))
+    entry = _forked_rank_main if start_method == "fork" else rank_main
+    launch(entry, (run, str(run_dir), dims), n=dims.world_size, run_dir=run_dir,
+           max_restarts=run.launch.max_restarts, start_method=start_method)
+
+
+def launch(entry, args: tuple, *, n: int, run_dir: Path, max_restarts: int, start_method: str) -> None:
+    """`entry(*args)` on `n` local ranks through torch elastic, their output under `run_dir`/logs."""
     # One thread per rank share of the cores; also silences elastic's warning about the default.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     # Ranks of a restarted attempt get a fresh store: the agent's shared rendezvous store keeps the
     # killed attempt's keys, and a new rank could read a dead peer's gloo address from it.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    start_method = child_start_method(resolve_device_type(run.device))
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=run_dir.name,
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=run.launch.max_restarts,
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
         monitor_interval=0.1, start_method=start_method, log_line_prefix_template="[rank${rank}]:",
         # Every rank's output is kept under logs/; rank 0's stdout and all stderr also reach the console.
         logs_specs=DefaultLogsSpecs(
@@ -78,7 +86,7 @@ def spawn_ranks(run: RunConfig, dims: ParallelDims, run_dir: Path) -> None:
         ),
     )
     try:
-        elastic_launch(config, _forked_rank_main if start_method == "fork" else rank_main)(run, str(run_dir), dims)
+        elastic_launch(config, entry)(*args)
     except ChildFailedError as e:
         raise RankFailed(describe_failure(e)) from None
     except SignalException as e:  # elastic has already stopped every rank with that signal

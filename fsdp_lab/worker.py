@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from fsdp_lab.accum import Accumulation
 from fsdp_lab.checks import describe, evaluate
-from fsdp_lab.checkpoint import Checkpointer, resolve_resume, verify
+from fsdp_lab.checkpoint import Checkpointer, agreed_resume, read_meta
 from fsdp_lab.config import AccumConfig, RunConfig
+from fsdp_lab.failure_report import record_failure
 from fsdp_lab.dist import DistContext, init_distributed, resolve_device_type, set_determinism
 from fsdp_lab.freeze import freeze
 from fsdp_lab.mesh import ParallelDims
@@ -87,7 +87,7 @@ def base_summary(run: RunConfig, dims: ParallelDims, device: str) -> dict:
     }
 
 
-@record
+@record_failure
 def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
     """Entry point of a spawned or externally launched rank."""
     logging.basicConfig(level=logging.INFO if os.environ.get("RANK") == "0" else logging.WARNING, format="%(message)s")
@@ -98,8 +98,8 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
     sinks: _RankZeroSinks | None = None
     trainer: Trainer | None = None
     try:
-        resume_from = resolve_resume(run.checkpoint.resume, run_path)
-        start_step = verify(resume_from)["step"] if resume_from else 0
+        resume_from = agreed_resume(run.checkpoint.resume, run_path, ctx.rank)
+        start_step = read_meta(resume_from)["step"] if resume_from else 0
         if ctx.is_main:
             sinks = _RankZeroSinks(run, run_path, dims, ctx, start_step)
         trainer = build_trainer(run, dims, ctx, on_step=sinks.on_step if sinks else lambda row: None)

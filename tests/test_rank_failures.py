@@ -1,0 +1,59 @@
+"""A failed rank is reported by its own error, `Type: message`, never by torch elastic's boilerplate:
+real ranks forked through torch elastic (the launcher the lab spawns its runs with), each failing
+its own way."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+
+import pytest
+from torch.distributed.checkpoint.api import CheckpointException
+
+from fsdp_lab.failure_report import record_failure
+from fsdp_lab.spawn import RankFailed, child_start_method, launch
+
+pytestmark = pytest.mark.fault
+
+
+@record_failure
+def raises_value_error():
+    raise ValueError("train.batch_size must be positive")
+
+
+@record_failure
+def raises_multiline():
+    raise RuntimeError("the first line says it\nthe second is detail")
+
+
+@record_failure
+def dcp_load_of_a_damaged_file():
+    # DCP's CheckpointException is a BaseException that wraps each rank's own error.
+    try:
+        pickle.loads(b"\xaf")
+    except pickle.UnpicklingError as e:
+        raise CheckpointException("read", {0: (e, None)}) from e
+
+
+@record_failure
+def exits_with_code_3():
+    os._exit(3)
+
+
+@record_failure
+def killed():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("entry,reported", [
+    (raises_value_error, "rank 0 failed: ValueError: train.batch_size must be positive"),
+    (raises_multiline, "rank 0 failed: RuntimeError: the first line says it"),
+    (dcp_load_of_a_damaged_file, "rank 0 failed: UnpicklingError: invalid load key, '\\xaf'."),
+    (exits_with_code_3, "rank 0 failed: exit code 3"),
+    (killed, "rank 0 died from signal SIGKILL"),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_a_failed_rank_is_reported_by_its_own_error(entry, reported, tmp_path):
+    with pytest.raises(RankFailed) as failed:
+        launch(entry, (), n=1, run_dir=tmp_path / "run", max_restarts=0, start_method=child_start_method("cpu"))
+    assert str(failed.value) == reported
