@@ -44,6 +44,7 @@ def test_saves_every_interval_and_at_the_end_keeping_the_last_ones(uninterrupted
     assert meta["step"] == 6 and meta["loss"] == losses(uninterrupted)[-1] and meta["reference"]
     assert meta["data"] == {"seed": 0, "next_step": 6}
     assert {"rng/rank0.pt", "rng/rank1.pt", ".metadata"} <= set(meta["manifest"])
+    assert all(len(entry["crc32"]) == 8 for entry in meta["manifest"].values())
     assert uninterrupted.summary["checkpoint"]["last_saved"] == str(found[-1])
 
 
@@ -119,6 +120,37 @@ def test_a_corrupt_checkpoint_is_refused_with_a_clear_error(uninterrupted, tmp_p
         prepared("device=cpu", f"checkpoint.resume={broken}")
     with pytest.raises(ConfigError, match="checkpoint.resume=/nonexistent: no such directory"):
         prepared("device=cpu", "checkpoint.resume=/nonexistent")
+
+
+def flip_bytes(file: Path) -> None:
+    """Damage a file's content, keeping its size (what a bad disk or a stray write does)."""
+    data = bytearray(file.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])
+    file.write_bytes(data)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_whose_content_changed_is_refused_naming_the_file(uninterrupted, tmp_path, prepared):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(uninterrupted.run_dir / "checkpoints" / step_dir_name(3), damaged)
+    shard = next(damaged.glob("*.distcp"))
+    flip_bytes(shard)
+    with pytest.raises(ConfigError, match=rf"checkpoint.resume={damaged}: corrupt: the content of {shard.name} has changed since the save"):
+        prepared("device=cpu", f"checkpoint.resume={damaged}")
+
+
+@pytest.mark.slow
+def test_auto_resume_passes_over_a_damaged_checkpoint_to_the_newest_intact_one(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted.run_dir, run_dir)
+    damaged = run_dir / "checkpoints" / step_dir_name(STEPS)
+    flip_bytes(damaged / ".metadata")
+    result = ok(lab(f"train.steps={STEPS}", "checkpoint.resume=auto", run_dir=run_dir))
+    warnings = [line for line in (result.stdout + result.stderr).splitlines() if f"warning: checkpoint {damaged}: corrupt" in line]
+    assert warnings, "the damaged checkpoint is named"
+    assert result.summary["checkpoint"]["resumed_from"] == str(run_dir / "checkpoints" / step_dir_name(3))
+    assert losses(result) == losses(uninterrupted), "resumed from step 3 to the same losses"
 
 
 @pytest.mark.slow
