@@ -72,7 +72,7 @@ def test_cli_run_with_selective_op_ac_on_the_default_transformer(tmp_path):
         (["ac=offload", "ac.impl=utils", "ac.reentrant=true"], "not ac.mode=offload"),
         (["ac=selective", "ac.selective=op", "ac.impl=utils", "ac.reentrant=true"], "with ac.selective=op"),
         (["ac=full", "ac.impl=utils", "ac.reentrant=true", "model=mlp_stack"], "would drop that block's gradients"),
-        (["ac=selective", "ac.every=0"], "ac.every=0: must be >= 1"),
+        (["ac=selective", "ac.every=0"], "ac.every=0: allowed is >= 1"),
         (["ac=full", "ac.impl=checkpoint"], "ac.impl=checkpoint: allowed are composable, utils, wrapper"),
     ],
 )

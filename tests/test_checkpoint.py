@@ -170,8 +170,8 @@ def test_resume_on_another_mesh_and_back(tmp_path):
 
 
 @pytest.mark.parametrize("override,message", [
-    ("checkpoint.interval=0", "checkpoint.interval=0: must be >= 1"),
-    ("checkpoint.keep=0", "checkpoint.keep=0: must be >= 1"),
+    ("checkpoint.interval=0", "checkpoint.interval=0: allowed is >= 1"),
+    ("checkpoint.keep=0", "checkpoint.keep=0: allowed is >= 1"),
     ("fault.phase=load", "fault.phase=load: allowed are step, save"),
 ])
 def test_bad_checkpoint_settings_are_refused(prepared, override, message):

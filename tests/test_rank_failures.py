@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from fsdp_lab.failure_report import record_failure
 from fsdp_lab.spawn import RankFailed, child_start_method, launch
 
-pytestmark = pytest.mark.fault
+pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
 
 @record_failure
