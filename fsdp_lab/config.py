@@ -315,6 +315,29 @@ class FaultConfig:
 
 
 @dataclass
+class PlanConfig:
+    """mode=plan: rank the ways to shard the model on plan.gpus GPUs by predicted tokens/s."""
+
+    gpus: int = bounded(8, ge=1)
+    """GPUs to plan for (the world size of every candidate)."""
+    gpus_per_node: int = bounded(8, ge=1)
+    """GPUs per node: tensor parallelism stays within a node; collectives across nodes use the network."""
+    device: str = choice("h100-80gb", "h100-80gb", "h200")
+    """Device table (fsdp_lab/plan/devices/<device>.json): speeds, links, memory."""
+    global_batch_tokens: Any = None
+    """Tokens per optimizer step over all GPUs (int, or with a K/M suffix: 4M); null = train.batch_size x
+    train.seq_len per data-parallel rank of a pure FSDP layout."""
+    max_microbatches: int = bounded(8, ge=1)
+    """Largest train.microbatches tried."""
+    memory_fraction: float = bounded(0.92, gt=0, le=1)
+    """Share of the device memory a candidate may use to count as fitting."""
+    top: int = bounded(15, ge=1)
+    """Rows printed (plan.json keeps every candidate)."""
+    validate: int = bounded(0, ge=0)
+    """Run the best K fitting candidates here (GPUs: plan.gpus of them) and add measured step time and peak."""
+
+
+@dataclass
 class RunConfig:
     """The root of a run's configuration (conf/config.yaml composes onto it)."""
 
@@ -330,10 +353,12 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     device: str = choice("auto", "auto", "cpu", "cuda")
     """auto = CUDA + NCCL when GPUs are visible, else CPU + gloo."""
-    mode: str = choice("train", "train", "estimate")
-    """train = a real run; estimate = predict memory on a fake process group, one process."""
+    mode: str = choice("train", "train", "estimate", "plan")
+    """train = a real run; estimate = predict memory on a fake process group, one process; plan = rank
+    the layouts for plan.gpus GPUs by predicted step time (fsdp_lab/plan/)."""
     name: str = "run"
     """A label for the run (W&B name, report rows)."""
     checks: list[str] = field(default_factory=list)

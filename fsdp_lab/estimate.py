@@ -15,8 +15,10 @@ full parameters, gradients and state for it, five times the optimizer state. An 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -42,8 +44,9 @@ MEASURED_STEP = 2
 log = logging.getLogger("fsdp_lab")
 
 
-def estimate(run: RunConfig, dims: ParallelDims) -> dict:
-    """The predicted memory of rank 0 over one optimizer step after warm-up."""
+def estimate(run: RunConfig, dims: ParallelDims, around_step: Callable[[], contextlib.AbstractContextManager] | None = None) -> dict:
+    """The predicted memory of rank 0 over one optimizer step after warm-up. `around_step()` gives a
+    context the measured step runs in, inside the fake mode (mode=plan records the step's ops there)."""
     device = torch.device("cpu")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dims.world_size)
     try:
@@ -64,7 +67,7 @@ def estimate(run: RunConfig, dims: ParallelDims) -> dict:
                 if step + 1 < MEASURED_STEP:
                     train_step(model, optimizer, batches, unmeasured, around)
                     continue
-                with measured(phases, breakdown, batches) as mark:
+                with measured(phases, breakdown, batches) as mark, around_step() if around_step else contextlib.nullcontext():
                     train_step(model, optimizer, batches, mark, around)
             phases.metrics()
     finally:

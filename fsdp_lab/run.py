@@ -63,6 +63,12 @@ def execute(cfg: DictConfig, run_dir: Path) -> None:
         run_estimate(run, dims, run_dir)
         print(f"run dir: {run_dir}", flush=True)
         return
+    if run.mode == "plan":
+        from fsdp_lab.plan.run import run_plan
+
+        run_plan(run, run_dir, list(HydraConfig.get().overrides.task))
+        print(f"run dir: {run_dir}", flush=True)
+        return
     if is_rank_process():
         from fsdp_lab.worker import rank_main
 

@@ -27,6 +27,8 @@ def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
     run = to_run_config(cfg)
     if run.mode == "estimate":
         return _prepare_estimate(run)
+    if run.mode == "plan":
+        return _prepare_plan(run)
     device_type = resolve_device_type(run.device)
     dims = ParallelDims.resolve(
         pp=run.mesh.pp, dp_replicate=run.mesh.dp_replicate, dp_shard=run.mesh.dp_shard, tp=run.mesh.tp,
@@ -48,6 +50,14 @@ def _prepare_estimate(run: RunConfig) -> tuple[RunConfig, ParallelDims]:
     check_estimable(run)  # first: what cannot be estimated at all says so before finer checks
     check_run(run, dims, "cuda")
     return run, dims
+
+
+def _prepare_plan(run: RunConfig) -> tuple[RunConfig, ParallelDims]:
+    """mode=plan picks the mesh itself: the run's own mesh is not checked; its dims are plan.gpus of FSDP."""
+    from fsdp_lab.plan.run import check_plan
+
+    check_plan(run)
+    return run, ParallelDims.resolve(pp=1, dp_replicate=1, dp_shard=run.plan.gpus, tp=1, world_size=run.plan.gpus)
 
 
 def check_estimable(run: RunConfig) -> None:

@@ -1,0 +1,164 @@
+"""Measure the device table `mode=plan` costs a step with: matmul and attention throughput by shape,
+memory bandwidth by size, host time per eager op (plain and DTensor), and NCCL all-gather,
+reduce-scatter and all-reduce time by message size over the GPUs of this node.
+
+    torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --out fsdp_lab/plan/devices/h200.json
+
+Rank 0 writes the table; every rank takes part in the collectives. `--quick` (and a CPU machine)
+runs tiny shapes, to check the script itself."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+MATMULS = [  # (M, N, K): tokens x out x in, the shapes of a Llama block's projections and their gradients
+    (m, n, k) for m in (2048, 8192, 32768) for n, k in ((2048, 2048), (5632, 2048), (2048, 5632), (32000, 2048), (1024, 2048), (2816, 2048), (4096, 4096))
+] + [(512, 2048, 2048), (2048, 2048, 8192), (2048, 2048, 32768)]
+ATTENTION = [(b, h, s, d) for b, s in ((1, 1024), (4, 1024), (1, 2048), (4, 2048), (2, 4096)) for h, d in ((16, 128), (8, 128), (32, 64))]
+BANDWIDTH_MIB = (1, 8, 64, 512)
+COLLECTIVE_MIB = (1, 8, 64, 256)
+
+
+def timed(fn, iters: int, device: torch.device) -> float:
+    """Median seconds of one call of fn (GPU time through events; wall time on CPU)."""
+    fn()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def matmuls(device, dtype, shapes, iters):
+    rows = []
+    for m, n, k in shapes:
+        a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+        s = timed(lambda: a @ b, iters, device)
+        rows.append({"m": m, "n": n, "k": k, "s": s, "tflops": 2 * m * n * k / s / 1e12})
+        del a, b
+    return rows
+
+
+def attention(device, dtype, shapes, iters):
+    rows = []
+    for b, h, s, d in shapes:
+        q, k, v = (torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), iters, device)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        grad = torch.randn_like(out)
+        bwd = timed(lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), iters, device)
+        flops = 4 * b * h * s * s * d / 2  # causal: half the score matrix
+        rows.append({"b": b, "h": h, "s": s, "d": d, "fwd_s": fwd, "bwd_s": bwd,
+                     "fwd_tflops": flops / fwd / 1e12, "bwd_tflops": 2.5 * flops / bwd / 1e12})
+    return rows
+
+
+def bandwidth(device, sizes_mib, iters):
+    """Bytes moved (read + write) per second by a copy and by a binary elementwise op, by tensor size."""
+    rows = []
+    for mib in sizes_mib:
+        x = torch.empty(mib * 2**18, device=device)
+        y, z = torch.empty_like(x), torch.empty_like(x)
+        copy = timed(lambda: y.copy_(x), iters, device)
+        add = timed(lambda: torch.add(x, y, out=z), iters, device)
+        rows.append({"mib": mib, "copy_gbps": 2 * x.nbytes / copy / 1e9, "add_gbps": 3 * x.nbytes / add / 1e9})
+    return rows
+
+
+def host_per_op(device, world: int) -> dict:
+    """Seconds of host time per eager op issued back to back (tiny tensors, no synchronisation),
+    for plain tensors and for DTensors on a mesh of every rank (TP's eager dispatch)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.device_mesh import init_device_mesh
+
+    n = 2000
+    x = torch.ones(8, 8, device=device)
+
+    def per_op(fn, count):
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(count):
+            fn()
+        seconds = time.perf_counter() - t
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return seconds / count
+
+    plain = per_op(lambda: x.add_(1.0), n)
+    mesh = init_device_mesh(device.type, (world,))
+    w = distribute_tensor(torch.ones(64, 64, device=device), mesh, [Shard(0)])
+    r = distribute_tensor(torch.ones(8, 64, device=device), mesh, [Replicate()])
+    dtensor_add = per_op(lambda: r.add_(1.0), n // 4)
+    dtensor_linear = per_op(lambda: F.linear(r, w), n // 4)
+    return {"plain_op_s": plain, "dtensor_op_s": dtensor_add, "dtensor_linear_s": dtensor_linear}
+
+
+def collectives(device, world: int, sizes_mib, iters):
+    """Seconds per all-gather / reduce-scatter / all-reduce of an output of each size over every rank."""
+    rows = []
+    for mib in sizes_mib:
+        full = torch.empty(mib * 2**19, device=device, dtype=torch.bfloat16)
+        shard = torch.empty(full.numel() // world, device=device, dtype=torch.bfloat16)
+        row = {"mib": mib, "group": world}
+        row["all_gather_s"] = timed(lambda: dist.all_gather_into_tensor(full, shard), iters, device)
+        row["reduce_scatter_s"] = timed(lambda: dist.reduce_scatter_tensor(shard, full), iters, device)
+        row["all_reduce_s"] = timed(lambda: dist.all_reduce(full), iters, device)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--quick", action="store_true", help="tiny shapes (checks the script; CPU)")
+    args = p.parse_args()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    quick = args.quick or not cuda
+    iters = 3 if quick else 10
+    mm_shapes = [(64, 32, 48), (128, 64, 64)] if quick else MATMULS
+    attn_shapes = [(1, 2, 32, 16)] if quick else ATTENTION
+    bw_sizes = (1,) if quick else BANDWIDTH_MIB
+    comm_sizes = (1, 2) if quick else COLLECTIVE_MIB
+    table = {"name": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__, "measured": True}
+    if rank == 0:  # compute alone on one GPU: the others wait at the barrier, off the GPU's clock
+        t0 = time.perf_counter()
+        table["matmul"] = {"bfloat16": matmuls(device, torch.bfloat16, mm_shapes, iters),
+                           "float32": matmuls(device, torch.float32, mm_shapes[::4], iters)}
+        table["attention"] = {"bfloat16": attention(device, torch.bfloat16, attn_shapes, iters)}
+        table["bandwidth"] = bandwidth(device, bw_sizes, iters)
+        print(f"compute measured in {time.perf_counter() - t0:.1f}s", flush=True)
+    dist.barrier()
+    table["host"] = host_per_op(device, world)
+    table["collectives"] = {"intra_node": collectives(device, world, comm_sizes, iters)}
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(table, f, indent=1)
+        print(json.dumps({k: table[k] for k in ("name", "host")}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

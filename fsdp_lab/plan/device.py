@@ -1,0 +1,102 @@
+"""A device table (fsdp_lab/plan/devices/<name>.json, written by benchmarks/calibrate_device.py) as
+the time of one kernel, one collective or one eager op on that device."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+DEVICES_DIR = Path(__file__).resolve().parent / "devices"
+
+
+def _nearest(points: list[tuple[tuple[float, ...], float]], key: tuple[float, ...], k: int = 3) -> float:
+    """Inverse-distance mean of the k measured values nearest to `key` in log space."""
+    logs = tuple(math.log(max(x, 1)) for x in key)
+    ranked = sorted((math.dist(logs, tuple(math.log(x) for x in p)), v) for p, v in points)[:k]
+    if ranked[0][0] < 1e-9:
+        return ranked[0][1]
+    weights = [1 / d for d, _ in ranked]
+    return sum(w * v for w, (_, v) in zip(weights, ranked)) / sum(weights)
+
+
+def _fit_collective(rows: list[dict], key: str, factor) -> tuple[float, float]:
+    """Latency (s) and bandwidth (bytes/s) of t = latency + factor(n) * bytes / bandwidth, least squares."""
+    xs = [factor(r["group"]) * r["mib"] * 2**20 for r in rows]
+    ys = [r[key] for r in rows]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return max(my - slope * mx, 0.0), 1 / slope
+
+
+RING = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n, "all_reduce": lambda n: 2 * (n - 1) / n}
+
+
+@dataclass
+class Device:
+    name: str
+    table: dict
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.table["spec"]["memory_gib"] * 2**30
+
+    @property
+    def peak_flops(self) -> float:
+        return self.table["spec"]["peak_bf16_tflops"] * 1e12
+
+    def matmul_s(self, m: int, n: int, k: int, dtype: str) -> float:
+        rows = self.table["matmul"].get(dtype) or self.table["matmul"]["bfloat16"]
+        tflops = _nearest([((r["m"], r["n"], r["k"]), r["tflops"]) for r in rows], (m, n, k))
+        return 2 * m * n * k / (tflops * 1e12)
+
+    def attention_s(self, bh: int, s: int, d: int, backward: bool) -> float:
+        rows = self.table["attention"]["bfloat16"]
+        key = "bwd_tflops" if backward else "fwd_tflops"
+        tflops = _nearest([((r["b"] * r["h"], r["s"], r["d"]), r[key]) for r in rows], (bh, s, d))
+        flops = 4 * bh * s * s * d / 2 * (2.5 if backward else 1)
+        return flops / (tflops * 1e12)
+
+    def memory_s(self, nbytes: float) -> float:
+        """An elementwise kernel moving nbytes (reads + writes): bandwidth interpolated by size."""
+        rows = self.table["bandwidth"]
+        sizes = [r["mib"] * 2**20 * 3 for r in rows]  # add: two reads and a write of mib each
+        gbps = [r["add_gbps"] for r in rows]
+        if nbytes <= sizes[0]:
+            return sizes[0] / (gbps[0] * 1e9)  # below the smallest size a kernel costs its launch
+        for (s0, g0), (s1, g1) in zip(zip(sizes, gbps), zip(sizes[1:], gbps[1:])):
+            if nbytes <= s1:
+                g = g0 + (g1 - g0) * math.log(nbytes / s0) / math.log(s1 / s0)
+                return nbytes / (g * 1e9)
+        return nbytes / (gbps[-1] * 1e9)
+
+    def collective_s(self, kind: str, nbytes: float, group: int, inter_node: bool) -> float:
+        """One collective whose full (gathered / unreduced) tensor has nbytes, over `group` ranks."""
+        if group <= 1:
+            return 0.0
+        latency, bandwidth = _collective_fit(self.name, kind)
+        if inter_node:
+            spec = self.table["spec"]
+            latency, bandwidth = spec["inter_node_latency_s"], min(bandwidth, spec["inter_node_gbps"] * 1e9)
+        return latency * math.log2(group) + RING[kind](group) * nbytes / bandwidth
+
+    @property
+    def host_op_s(self) -> float:
+        return self.table["host"]["plain_op_s"]
+
+    @property
+    def host_dtensor_op_s(self) -> float:
+        return self.table["host"]["dtensor_op_s"]
+
+
+@lru_cache(maxsize=None)
+def load_device(name: str) -> Device:
+    return Device(name, json.loads((DEVICES_DIR / f"{name}.json").read_text()))
+
+
+@lru_cache(maxsize=None)
+def _collective_fit(name: str, kind: str) -> tuple[float, float]:
+    rows = load_device(name).table["collectives"]["intra_node"]
+    return _fit_collective(rows, f"{kind}_s", RING[kind])

@@ -1,0 +1,73 @@
+"""Predicted step time and peak memory of layouts of one run: the traces each activation-checkpointing
+mode needs are taken once (they depend on neither the mesh nor the batch) and priced per layout."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cached_property
+
+from fsdp_lab.config import RunConfig
+from fsdp_lab.plan.cost import DTYPE_BYTES, Layout, Model, step_time
+from fsdp_lab.plan.device import Device
+from fsdp_lab.plan.memory import peak_bytes
+from fsdp_lab.plan.trace import ModelFacts, model_facts, trace_step
+
+TRACED = ((1, 1), (2, 1), (2, 2))  # (blocks, samples)
+
+
+class Predictor:
+    def __init__(self, run: RunConfig, device: Device, gpus_per_node: int):
+        self.run, self.device, self.gpus_per_node = run, device, gpus_per_node
+        self._models: dict[str, Model] = {}
+
+    @cached_property
+    def facts(self) -> ModelFacts:
+        return model_facts(self.run)
+
+    def model(self, ac: str) -> Model:
+        if ac not in self._models:
+            block, other = self.facts.block_params, self.facts.other_params
+            f = self.run.fsdp
+            param_dtype = f.param_dtype or "float32"
+            self._models[ac] = Model(
+                traces={key: trace_step(self.run, layers=key[0], batch=key[1], ac=ac) for key in TRACED},
+                layers=self.run.model.n_layers, block_params=block, other_params=other,
+                param_bytes=DTYPE_BYTES[param_dtype], reduce_bytes=DTYPE_BYTES[f.reduce_dtype or param_dtype],
+                seq_len=self.run.train.seq_len,
+            )
+        return self._models[ac]
+
+    def predict(self, layout: Layout) -> dict:
+        model = self.model(layout.ac)
+        time = step_time(model, layout, self.device, self.gpus_per_node)
+        return {**time, "peak_mib": peak_bytes(model, layout) / 2**20}
+
+
+def layout_of(run: RunConfig, world_size: int) -> Layout:
+    """The layout a run's own config describes (mesh.dp_shard=-1 filled from world_size)."""
+    m, t = run.mesh, run.train
+    dp_shard = m.dp_shard if m.dp_shard != -1 else world_size // (m.pp * m.dp_replicate * m.tp)
+    raf = run.fsdp.reshard_after_forward
+    return Layout(pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=dp_shard, tp=m.tp, ac=run.ac.mode,
+                  microbatches=t.microbatches, microbatch_size=t.batch_size // t.microbatches,
+                  reshard=raf is not False, compile=run.model.compile)
+
+
+def predict_overrides(overrides: list[str], *, world_size: int, device: str, gpus_per_node: int) -> dict:
+    """The prediction for `python -m fsdp_lab OVERRIDES` on world_size GPUs of `device`."""
+    from hydra import compose, initialize_config_dir
+
+    from fsdp_lab.config import to_run_config
+    from fsdp_lab.plan.device import load_device
+    from fsdp_lab.run import CONF_DIR
+
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        run = to_run_config(compose("config", overrides=overrides))
+    traced = dataclasses.replace(run, model=dataclasses.replace(run.model, compile=False))
+    key = repr((traced.model, traced.fsdp.param_dtype, traced.fsdp.reduce_dtype, traced.train.seq_len, traced.optim, device, gpus_per_node))
+    if key not in _PREDICTORS:  # configurations of one model share its traces
+        _PREDICTORS[key] = Predictor(traced, load_device(device), gpus_per_node)
+    return _PREDICTORS[key].predict(layout_of(run, world_size))
+
+
+_PREDICTORS: dict[str, Predictor] = {}

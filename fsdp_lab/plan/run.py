@@ -1,0 +1,101 @@
+"""mode=plan: rank the layouts of plan.gpus GPUs for this model by predicted tokens/s, print the table,
+write plan.json (each candidate with its overrides as a ready command line) and, with plan.validate=K,
+run the best K here and put the measured figures beside the predictions."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from fsdp_lab.config import ConfigError, RunConfig
+from fsdp_lab.plan.device import load_device
+from fsdp_lab.plan.predict import Predictor
+from fsdp_lab.plan.search import Candidate, rank
+from fsdp_lab.sinks.files import write_json_atomic, write_summary
+
+PLAN_FILE = "plan.json"
+SUFFIX = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+# Overrides of the plan itself, or of what each candidate sets: left out of the candidates' command lines.
+OWN_KEYS = re.compile(r"^\+?(mode=|plan\.|mesh\.(pp|dp_replicate|dp_shard|tp|world_size)=|ac=|ac\.mode=|train\.(batch_size|microbatches)=|fsdp\.reshard_after_forward=)")
+
+
+def global_batch_tokens(value) -> int | None:
+    """4M -> 4 x 2**20 tokens (K, M, G are binary, as batch sizes are); an int as is; None stays None."""
+    if value is None or isinstance(value, int):
+        return value
+    m = re.fullmatch(r"(\d+)([KMG]?)", str(value).strip().upper())
+    if not m:
+        raise ConfigError(f"plan.global_batch_tokens={value}: an integer, or one with a K, M or G suffix (4M)")
+    return int(m.group(1)) * SUFFIX[m.group(2)]
+
+
+def check_plan(run: RunConfig) -> None:
+    """Plan inputs the schema cannot check, refused before anything runs."""
+    p = run.plan
+    if p.gpus % p.gpus_per_node:
+        raise ConfigError(f"plan.gpus={p.gpus}: must be a multiple of plan.gpus_per_node={p.gpus_per_node} (whole nodes)")
+    tokens = global_batch_tokens(p.global_batch_tokens)
+    if tokens is not None and tokens % run.train.seq_len:
+        raise ConfigError(f"plan.global_batch_tokens={p.global_batch_tokens}: must be a multiple of train.seq_len={run.train.seq_len}")
+    if p.validate and p.validate > p.top:
+        raise ConfigError(f"plan.validate={p.validate}: at most plan.top={p.top} candidates")
+
+
+def samples_per_step(run: RunConfig, tokens_per_sample: int) -> int:
+    tokens = global_batch_tokens(run.plan.global_batch_tokens)
+    return tokens // tokens_per_sample if tokens is not None else run.train.batch_size * run.plan.gpus
+
+
+def plan(run: RunConfig, predictor: Predictor | None = None) -> tuple[list[Candidate], dict]:
+    """Every candidate, ranked, and what the plan is for. A predictor given keeps the traces it took."""
+    predictor = predictor or Predictor(run, load_device(run.plan.device), run.plan.gpus_per_node)
+    facts = predictor.facts
+    samples = samples_per_step(run, facts.tokens_per_sample)
+    candidates = rank(run, predictor, samples, facts.flops_per_token)
+    header = {"gpus": run.plan.gpus, "gpus_per_node": run.plan.gpus_per_node, "device": run.plan.device,
+              "device_source": predictor.device.table["source"], "samples_per_step": samples,
+              "tokens_per_step": samples * facts.tokens_per_sample,
+              "params": facts.block_params + facts.other_params}
+    return candidates, header
+
+
+def command_line(user_overrides: list[str], candidate: Candidate) -> str:
+    kept = [o for o in user_overrides if not OWN_KEYS.match(o)]
+    return " ".join(["python -m fsdp_lab", *map(shlex.quote, kept + candidate.row()["overrides"])])
+
+
+def render(candidates: list[Candidate], header: dict, top: int, measured: dict[int, dict] | None = None) -> str:
+    lines = [f"Plan: {header['gpus']} x {header['device']} ({header['gpus_per_node']} per node), "
+             f"{header['params'] / 1e6:.0f}M params, {header['tokens_per_step']:,} tokens per step",
+             f"{'#':>3} {'pp':>2} {'rep':>3} {'shard':>5} {'tp':>2} {'ac':>4} {'mb':>3} {'reshard':>7} {'peak GiB':>8} "
+             f"{'step ms':>8} {'tok/s/GPU':>9} {'MFU':>5} {'fits':>4}" + ("  measured ms  error  peak GiB" if measured else "")]
+    for i, c in enumerate(candidates[:top]):
+        lay, p = c.layout, c.prediction
+        line = (f"{i + 1:>3} {lay.pp:>2} {lay.dp_replicate:>3} {lay.dp_shard:>5} {lay.tp:>2} {lay.ac:>4} {lay.microbatches:>3} "
+                f"{str(lay.reshard).lower():>7} {p['peak_mib'] / 1024:>8.1f} {p['step_time_s'] * 1e3:>8.1f} "
+                f"{c.tokens_per_s:>9.0f} {c.mfu:>5.2f} {'yes' if c.fits else 'NO':>4}" + (" host-bound" if p["host_bound"] else ""))
+        m = (measured or {}).get(i)
+        if m:
+            line += (f"  {m['step_time_s'] * 1e3:>9.1f} {m['step_time_error']:+6.1%} {m['peak_mib'] / 1024:>8.1f}" if "step_time_s" in m
+                     else f"  failed: {m.get('error')}")
+        lines.append(line)
+    fitting = sum(c.fits for c in candidates)
+    lines.append(f"{len(candidates)} candidates, {fitting} fit in memory")
+    return "\n".join(lines)
+
+
+def run_plan(run: RunConfig, run_dir: Path, user_overrides: list[str]) -> None:
+    candidates, header = plan(run)
+    rows = [{**c.row(), "command": command_line(user_overrides, c)} for c in candidates]
+    measured = None
+    if run.plan.validate:
+        from fsdp_lab.plan.validate_runs import validate
+
+        measured = validate(candidates[: run.plan.validate], rows, user_overrides, run_dir)
+    write_json_atomic(run_dir / PLAN_FILE, {**header, "candidates": rows})
+    best = candidates[0] if candidates and candidates[0].fits else None
+    write_summary(run_dir, {"status": "ok", "error": None, "mode": "plan", "steps": 0, "world_size": run.plan.gpus,
+                            "device": run.plan.device, "best": rows[0] if best else None})
+    print(render(candidates, header, run.plan.top, measured), flush=True)
+    print(f"plan: best {rows[0]['command']}" if best else "plan: no candidate fits in memory", flush=True)

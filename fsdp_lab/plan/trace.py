@@ -1,0 +1,224 @@
+"""The step's ops, recorded where the estimate traces it: `fsdp_lab.estimate.estimate` runs the real
+parallelize path on a fake process group under FakeTensorMode, and the measured step runs under
+OpRecorder, which keeps each op's kind, local shape and phase. The same call gives the step's
+memory. Collectives are left out here: the cost model prices FSDP's and TP's from the parameters
+and the layout, for any group size, so one small fake world serves every candidate."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from fsdp_lab.config import RunConfig
+from fsdp_lab.mesh import ParallelDims
+
+MATMULS = {"mm", "addmm", "bmm", "baddbmm"}
+FREE = {"empty", "empty_strided", "detach", "alias", "lift_fresh", "_local_scalar_dense", "set_", "_unsafe_view"}
+BLOCK_PARAM = re.compile(r"(^|\.)\d+\.")  # a parameter inside a block: a child of a ModuleList
+TRACE_WORLD = 2  # the smallest world that shards: FSDP's path, its hooks and buffers, at the least cost
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str  # the aten op
+    kind: str  # mm | attn | mem
+    phase: str  # fwd | bwd | opt
+    dims: tuple  # mm: (m, n, k); attn: (batch x heads, seq, head dim); mem: (bytes,)
+    dtype: str
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records every op that runs on plain (local) tensors: views cost nothing, DTensor ops come back
+    as the local ops they run, c10d ops are priced by the cost model. RMSNorm runs as the GPU runs it:
+    one fused kernel each way (on the CPU it decomposes into a chain of fp32 elementwise ops)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[Op] = []
+        self.dispatched: list[bool] = []  # every op dispatched (views included: host work), in backward or not
+        self.paused = False
+        self._fused = _FusedKernels(self)
+
+    def __enter__(self):
+        self._fused.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        return self._fused.__exit__(*exc)
+
+    def record(self, name: str, tensors: list[torch.Tensor]) -> None:
+        """One fused elementwise kernel that reads and writes `tensors`."""
+        in_bwd = torch._C._current_graph_task_id() != -1
+        self.dispatched.append(in_bwd)
+        dtype = str(tensors[0].dtype).removeprefix("torch.")
+        self.ops.append(Op(name, "mem", "bwd" if in_bwd else "fwd", (_nbytes(tensors),), dtype))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.paused:
+            return out
+        self.dispatched.append(torch._C._current_graph_task_id() != -1)
+        op = _classify(func, args, kwargs or {}, out)
+        if op is not None:
+            self.ops.append(op)
+        return out
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    """F.rms_norm as CUDA's fused kernel: one kernel forward, one backward, keeping the input."""
+
+    @staticmethod
+    def forward(ctx, recorder, x, shape, weight, eps):
+        recorder.paused = True
+        try:
+            out = F.rms_norm(x, shape, weight, eps)
+        finally:
+            recorder.paused = False
+        recorder.record("fused_rms_norm", [x, out])
+        ctx.recorder, ctx.shape, ctx.eps = recorder, shape, eps
+        ctx.save_for_backward(x, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        recorder = ctx.recorder
+        recorder.paused = True
+        try:
+            with torch.enable_grad():
+                inputs = [x.detach().requires_grad_()] + ([weight.detach().requires_grad_()] if weight is not None else [])
+                out = F.rms_norm(inputs[0], ctx.shape, inputs[1] if weight is not None else None, ctx.eps)
+                grads = torch.autograd.grad(out, inputs, grad)
+        finally:
+            recorder.paused = False
+        recorder.record("fused_rms_norm_backward", [x, grad, grads[0]])
+        return None, grads[0], None, grads[1] if weight is not None else None, None
+
+
+class _FusedKernels:
+    """nn.RMSNorm's forward through _FusedRMSNorm while recording (its recomputation under activation
+    checkpointing too, which calls the module's forward again)."""
+
+    def __init__(self, recorder: OpRecorder):
+        self.recorder = recorder
+
+    def __enter__(self):
+        recorder, self.original = self.recorder, nn.RMSNorm.forward
+
+        def forward(module: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+            if recorder.paused or not (type(x) is torch.Tensor or _is_fake(x)):
+                return self.original(module, x)
+            return _FusedRMSNorm.apply(recorder, x, module.normalized_shape, module.weight, module.eps)
+
+        nn.RMSNorm.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        nn.RMSNorm.forward = self.original
+        return False
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _classify(func, args, kwargs, out) -> Op | None:
+    namespace, name = func.namespace, func._opname
+    if namespace != "aten" or name in FREE:
+        return None
+    flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    if any(type(t) is not torch.Tensor and not _is_fake(t) for t in flat_in):
+        return None  # a subclass (DTensor): its local ops come through here again
+    returns = func._schema.returns
+    if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+        return None  # a view
+    phase = "bwd" if torch._C._current_graph_task_id() != -1 else "fwd"
+    dtype = str(flat_in[0].dtype).removeprefix("torch.") if flat_in else "float32"
+    if name in MATMULS:
+        a, b = args[-2], args[-1]
+        batch = a.shape[0] if name in ("bmm", "baddbmm") else 1
+        return Op(name, "mm", phase, (batch * a.shape[-2], b.shape[-1], a.shape[-1]), dtype)
+    if "scaled_dot_product" in name:
+        q = args[0] if "backward" not in name else args[1]
+        return Op(name, "attn", phase, (q.shape[0] * q.shape[1], q.shape[2], q.shape[3]), dtype)
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    written = [t for t in outs if not any(t is i for i in flat_in)]
+    return Op(name, "mem", phase, (_nbytes(flat_in) + _nbytes(written),), dtype)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+@dataclass
+class Trace:
+    ops: list[Op]
+    host_ops: dict[str, int]  # ops dispatched (views included) in forward and in backward: host work
+    peak_bytes: float
+
+
+def traced_run(run: RunConfig, *, layers: int | None, batch: int, ac: str) -> tuple[RunConfig, ParallelDims]:
+    """The configuration a trace runs: `batch` samples in one microbatch, `layers` blocks (None = the
+    model's own depth), FSDP over the trace world, no TP, PP or compile (the cost model adds those)."""
+    model = run.model if layers is None else dataclasses.replace(run.model, n_layers=layers)
+    model = dataclasses.replace(model, compile=False)
+    traced = dataclasses.replace(
+        run, mode="estimate", model=model,
+        mesh=dataclasses.replace(run.mesh, pp=1, dp_replicate=1, dp_shard=TRACE_WORLD, tp=1, world_size=TRACE_WORLD, sequence_parallel=False),
+        train=dataclasses.replace(run.train, batch_size=batch, microbatches=1),
+        ac=dataclasses.replace(run.ac, mode=ac), fsdp=dataclasses.replace(run.fsdp, reshard_after_forward=True),
+    )
+    dims = ParallelDims.resolve(pp=1, dp_replicate=1, dp_shard=TRACE_WORLD, tp=1, world_size=TRACE_WORLD)
+    return traced, dims
+
+
+def trace_step(run: RunConfig, *, layers: int | None, batch: int, ac: str) -> Trace:
+    from fsdp_lab.estimate import estimate
+
+    traced, dims = traced_run(run, layers=layers, batch=batch, ac=ac)
+    recorder = OpRecorder()
+    lab_log = logging.getLogger("fsdp_lab")
+    level = lab_log.level
+    lab_log.setLevel(logging.WARNING)  # the parallelize steps' lines, once per trace, say nothing new
+    try:
+        result = estimate(traced, dims, around_step=lambda: recorder)
+    finally:
+        lab_log.setLevel(level)
+    ops = recorder.ops
+    last_bwd = max((i for i, op in enumerate(ops) if op.phase == "bwd"), default=len(ops) - 1)
+    ops = [op if i <= last_bwd else dataclasses.replace(op, phase="opt") for i, op in enumerate(ops)]
+    in_bwd = recorder.dispatched
+    end = max((i for i, b in enumerate(in_bwd) if b), default=len(in_bwd) - 1)
+    host_ops = {"bwd": sum(in_bwd), "fwd": sum(1 for b in in_bwd[:end] if not b)}
+    return Trace(ops, host_ops, result["peak_mib"] * 2**20)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    block_params: int  # parameters inside the blocks
+    other_params: int
+    flops_per_token: float
+    tokens_per_sample: int
+
+
+def model_facts(run: RunConfig) -> ModelFacts:
+    """What the plan needs to know of the model, from an instance on the meta device."""
+    from fsdp_lab.models import build_model
+
+    with torch.device("meta"):
+        model = build_model(run.model, run.train.seed)
+    block = sum(p.numel() for n, p in model.named_parameters() if BLOCK_PARAM.search(n))
+    total = sum(p.numel() for p in model.parameters())
+    seq = run.train.seq_len
+    return ModelFacts(block, total - block, model.flops_per_token(seq), model.tokens_per_sample(seq))
