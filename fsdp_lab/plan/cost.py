@@ -27,8 +27,6 @@ COMPILED_ELEMENTWISE = 0.5
 COMPILED_HOST_OPS_PER_KERNEL = 2
 # Host work per FSDP unit per pass (pre/post hooks, copy-in/out bookkeeping), on top of its ops.
 FSDP_UNIT_HOST_OPS = 40
-# DTensor dispatches a TP matmul takes per pass (from_local, the op, redistribute, to_local).
-DTENSOR_OPS_PER_MATMUL = 4
 ADAM_BYTES_PER_PARAM = 28  # fused AdamW: reads param, grad, exp_avg, exp_avg_sq; writes three (fp32)
 
 
@@ -239,7 +237,7 @@ def _host_seconds(block: dict[str, Parts], rest: dict[str, Parts], L: int, layou
         per_block = b.kernels * COMPILED_HOST_OPS_PER_KERNEL if layout.compile else b.host_ops
         ops += L * (per_block + FSDP_UNIT_HOST_OPS) + r.host_ops + FSDP_UNIT_HOST_OPS
     seconds = ops * device.host_op_s
-    if layout.tp > 1:
+    if layout.tp > 1 and not layout.compile:  # eager DTensor dispatch around every TP matmul
         kernels = sum(L * block[ph].kernels + rest[ph].kernels for ph in ("fwd", "bwd"))
-        seconds += kernels * DTENSOR_OPS_PER_MATMUL * device.host_dtensor_op_s
+        seconds += kernels * device.host_tp_matmul_s
     return seconds

@@ -87,8 +87,8 @@ class Device:
         return self.table["host"]["plain_op_s"]
 
     @property
-    def host_dtensor_op_s(self) -> float:
-        return self.table["host"]["dtensor_op_s"]
+    def host_tp_matmul_s(self) -> float:
+        return self.table["host"]["tp_matmul_s"]
 
 
 @lru_cache(maxsize=None)
