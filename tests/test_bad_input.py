@@ -64,7 +64,6 @@ CATALOGUE = [
     ("mode=plan plan.gpus=12", "error: plan.gpus=12: must be a multiple of plan.gpus_per_node=8 (whole nodes)"),
     ("mode=plan plan.device=a100", "error: plan.device=a100: allowed are h100-80gb, h200"),
     ("mode=plan plan.global_batch_tokens=4Q", "error: plan.global_batch_tokens=4Q: an integer, or one with a K, M or G suffix (4M)"),
-    ("mode=plan plan.gpus=0", "error: plan.gpus=0: allowed is >= 1"),
     ("mode=estimate mesh.engine=ddp mesh.world_size=8", "error: mesh.engine=ddp: mode=estimate cannot predict this; allowed: fsdp2 (FSDPMemTracker follows fully_shard only)"),
     ("optim.lr=-0.1", "error: optim.lr=-0.1: allowed is > 0"),
     ("train.seq_len=0", "error: train.seq_len=0: allowed is >= 1"),
