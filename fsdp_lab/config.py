@@ -333,6 +333,9 @@ class PlanConfig:
     """Share of the device memory a candidate may use to count as fitting."""
     top: int = bounded(15, ge=1)
     """Rows printed (plan.json keeps every candidate)."""
+    estimate_top: int = bounded(2, ge=0)
+    """The best this many candidates (without tp or pp) get mode=estimate's peak at their own config in
+    place of the closed form (a full-depth trace each: slower, closer)."""
     validate: int = bounded(0, ge=0)
     """Run the best K fitting candidates here (GPUs: plan.gpus of them) and add measured step time and peak."""
 

@@ -36,12 +36,13 @@ def compose_run(overrides: list[str]):
 
 @pytest.fixture(scope="module")
 def planned():
-    """One 64-GPU plan for the module (the traces are its cost), timed."""
+    """One 64-GPU plan for the module (the traces are its cost), timed in CPU seconds: planning is one
+    process, and a wall clock would time the other jobs sharing a CI machine's cores too."""
     run = compose_run([*MODEL, *PLAN_64])
-    start = time.perf_counter()
+    start = time.process_time()
     predictor = Predictor(run, load_device(run.plan.device), run.plan.gpus_per_node)
     candidates, header = plan(run, predictor)
-    return run, candidates, header, time.perf_counter() - start, predictor
+    return run, candidates, header, time.process_time() - start, predictor
 
 
 def test_meshes_are_every_factorisation_with_tp_inside_a_node():
@@ -64,7 +65,7 @@ def test_a_64_gpu_plan_takes_under_a_minute_and_ranks_by_tokens_per_second(plann
     run, candidates, header, seconds, _ = planned
     assert seconds < 60, f"planning took {seconds:.0f}s"
     assert header["tokens_per_step"] == 512 * 1024 and len(candidates) > 100
-    assert candidates[0].fits
+    assert candidates[0].fits and candidates[0].prediction["memory_from"] == "estimate"  # the closed form checked
     fitting = [c.tokens_per_s for c in candidates if c.fits]
     assert fitting == sorted(fitting, reverse=True)
     assert all(c.prediction["step_time_s"] > 0 and c.prediction["peak_mib"] > 0 for c in candidates)
@@ -76,7 +77,8 @@ def test_candidates_that_do_not_fit_are_marked_and_never_first(planned):
     # A budget between the smallest and the largest peak: some fit, some do not.
     budget_mib = peaks[len(peaks) // 2]
     fraction = budget_mib * 2**20 / predictor.device.memory_bytes
-    tight = dataclasses.replace(run, plan=dataclasses.replace(run.plan, memory_fraction=fraction))
+    # estimate_top=0: the closed-form peaks alone (the 64-GPU test covers the estimated ones).
+    tight = dataclasses.replace(run, plan=dataclasses.replace(run.plan, memory_fraction=fraction, estimate_top=0))
     ranked = rank(tight, predictor, header["samples_per_step"], 1.0)  # the same traces, a smaller budget
     fits = [c.fits for c in ranked]
     assert ranked[0].fits and not all(fits) and fits == sorted(fits, reverse=True)
@@ -91,7 +93,7 @@ def test_plan_json_holds_every_candidate_as_a_ready_command_line(tmp_path, plann
     import fsdp_lab.plan.run as plan_run
 
     monkeypatch.setattr(plan_run, "Predictor", lambda *a: predictor)  # the module's traces: none taken again
-    run_plan(run, tmp_path, [*MODEL, *PLAN_64])
+    run_plan(dataclasses.replace(run, plan=dataclasses.replace(run.plan, estimate_top=0)), tmp_path, [*MODEL, *PLAN_64])
     written = json.loads((tmp_path / PLAN_FILE).read_text())
     rows = written["candidates"]
     assert len(rows) == len(candidates) and written["gpus"] == 64

@@ -74,7 +74,8 @@ def render(candidates: list[Candidate], header: dict, top: int, measured: dict[i
         lay, p = c.layout, c.prediction
         line = (f"{i + 1:>3} {lay.pp:>2} {lay.dp_replicate:>3} {lay.dp_shard:>5} {lay.tp:>2} {lay.ac:>4} {lay.microbatches:>3} "
                 f"{str(lay.reshard).lower():>7} {p['peak_mib'] / 1024:>8.1f} {p['step_time_s'] * 1e3:>8.1f} "
-                f"{c.tokens_per_s:>9.0f} {c.mfu:>5.2f} {'yes' if c.fits else 'NO':>4}" + (" host-bound" if p["host_bound"] else ""))
+                f"{c.tokens_per_s:>9.0f} {c.mfu:>5.2f} {'yes' if c.fits else 'NO':>4}" + (" host-bound" if p["host_bound"] else "")
+                + (" peak-estimated" if p["memory_from"] == "estimate" else ""))
         m = (measured or {}).get(i)
         if m:
             line += (f"  {m['step_time_s'] * 1e3:>9.1f} {m['step_time_error']:+6.1%} {m['peak_mib'] / 1024:>8.1f}" if "step_time_s" in m

@@ -93,12 +93,38 @@ class Candidate:
 
 
 def rank(run: RunConfig, predictor: Predictor, samples: int, flops_per_token: float) -> list[Candidate]:
-    """Every accepted layout priced; those that fit first, fastest first."""
+    """Every accepted layout priced; those that fit first, fastest first. The peaks are closed-form;
+    the best plan.estimate_top that the estimate can take get its figure at their own config."""
     budget = predictor.device.memory_bytes * run.plan.memory_fraction
     tokens = samples * run.train.seq_len
     out = []
     for layout in layouts(run, samples):
-        pred = predictor.predict(layout)
+        pred = {**predictor.predict(layout), "memory_from": "closed form"}
         per_gpu = tokens / run.plan.gpus / pred["step_time_s"]
         out.append(Candidate(layout, pred, pred["peak_mib"] * 2**20 <= budget, per_gpu, per_gpu * flops_per_token / predictor.device.peak_flops))
-    return sorted(out, key=lambda c: (not c.fits, -c.tokens_per_s))
+    order = lambda c: (not c.fits, -c.tokens_per_s)  # noqa: E731
+    out.sort(key=order)
+    for _ in range(run.plan.estimate_top):
+        c = next((c for c in out if c.fits and c.prediction["memory_from"] == "closed form" and _estimable(c.layout)), None)
+        if c is None:
+            break
+        c.prediction.update(peak_mib=_estimated_peak_mib(run, c.layout), memory_from="estimate")
+        c.fits = c.prediction["peak_mib"] * 2**20 <= budget
+        out.sort(key=order)
+    return out
+
+
+def _estimable(layout: Layout) -> bool:
+    return layout.tp == 1 and layout.pp == 1
+
+
+def _estimated_peak_mib(run: RunConfig, layout: Layout) -> float:
+    """mode=estimate's peak for the layout's own run (compiled blocks hold what eager ones do)."""
+    from fsdp_lab.estimate import estimate
+    from fsdp_lab.plan.trace import quiet
+
+    traced = run_for(run, layout)
+    traced = dataclasses.replace(traced, mode="estimate", model=dataclasses.replace(traced.model, compile=False))
+    dims = ParallelDims.resolve(pp=1, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=1, world_size=layout.world)
+    with quiet():
+        return estimate(traced, dims)["peak_mib"]

@@ -6,6 +6,7 @@ and the layout, for any group size, so one small fake world serves every candida
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
@@ -183,18 +184,25 @@ def traced_run(run: RunConfig, *, layers: int | None, batch: int, ac: str) -> tu
     return traced, dims
 
 
+@contextlib.contextmanager
+def quiet():
+    """The parallelize steps' log lines, once per trace, say nothing new: keep warnings only."""
+    lab_log = logging.getLogger("fsdp_lab")
+    level = lab_log.level
+    lab_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        lab_log.setLevel(level)
+
+
 def trace_step(run: RunConfig, *, layers: int | None, batch: int, ac: str) -> Trace:
     from fsdp_lab.estimate import estimate
 
     traced, dims = traced_run(run, layers=layers, batch=batch, ac=ac)
     recorder = OpRecorder()
-    lab_log = logging.getLogger("fsdp_lab")
-    level = lab_log.level
-    lab_log.setLevel(logging.WARNING)  # the parallelize steps' lines, once per trace, say nothing new
-    try:
+    with quiet():
         result = estimate(traced, dims, around_step=lambda: recorder)
-    finally:
-        lab_log.setLevel(level)
     ops = recorder.ops
     last_bwd = max((i for i, op in enumerate(ops) if op.phase == "bwd"), default=len(ops) - 1)
     ops = [op if i <= last_bwd else dataclasses.replace(op, phase="opt") for i, op in enumerate(ops)]
