@@ -1,5 +1,6 @@
 """DCP checkpoints of a run: model + optimizer (+ the parity reference) as sharded state dicts, the
-step, the RNG states and the data position, saved every `checkpoint.interval` steps and at the end.
+learning-rate schedule's position, the step, the RNG states and the data position, saved every
+`checkpoint.interval` steps and at the end.
 
 Layout, under `<run dir>/checkpoints/`:
     step_00000010/           a complete checkpoint: DCP's shards and `.metadata`, `rng/rank<R>.pt`,
@@ -210,6 +211,7 @@ class Checkpointer:
     def _state_dict(self) -> dict:
         t = self.trainer
         state = dict(zip(("model", "optim"), get_state_dict(t.model, t.optimizer)))
+        state["lr_scheduler"] = t.scheduler.state_dict()  # the reference's schedule is in step with it
         if t.reference is not None:
             state.update(zip(("ref_model", "ref_optim"), get_state_dict(t.reference.model, t.reference.optimizer)))
         return state
@@ -310,8 +312,10 @@ class Checkpointer:
             state.update(ref_model=seed["model"], ref_optim=seed["optim"])
         self._dcp_load(state, path)
         set_state_dict(t.model, t.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        t.scheduler.load_state_dict(state["lr_scheduler"])
         if t.reference is not None:
             set_state_dict(t.reference.model, t.reference.optimizer, model_state_dict=state["ref_model"], optim_state_dict=state["ref_optim"])
+            t.reference.scheduler.load_state_dict(state["lr_scheduler"])
             if meta["parity"] is not None:
                 t.reference.verdict.update_loss(meta["parity"]["max_loss_abs_diff"])
                 t.reference.verdict.update_params(meta["parity"]["max_param_abs_diff"])

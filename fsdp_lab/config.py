@@ -195,6 +195,13 @@ class OptimConfig:
     """Momentum (sgd)."""
     foreach: Optional[bool] = None
     """Multi-tensor implementation; null = torch's default."""
+    max_norm: Optional[float] = bounded(None, gt=0)
+    """Clip gradients to this total L2 norm, taken over every shard, tp slice and pipeline stage;
+    null = no clipping (`grad/norm` is recorded either way)."""
+    schedule: str = choice("constant", "constant", "linear", "cosine")
+    """Learning-rate schedule after the warm-up: constant, linear decay or cosine decay towards 0."""
+    warmup_steps: int = bounded(0, ge=0)
+    """Steps of linear warm-up from lr/(warmup_steps+1) to lr before the schedule."""
 
 
 @dataclass
@@ -205,6 +212,10 @@ class ParityProbeConfig:
     """Fail the run when parity drifts past tolerance."""
     param_every: int = bounded(5, ge=1)
     """Compare parameters (local shards vs the reference) every this many steps, and at the end."""
+    localize: bool = False
+    """Snapshot the parameters before every step, so that when parity fails the failing step is
+    replayed exactly and the first module whose output, then whose gradient, differs is named
+    (parity_report.json/.md). Without it a failure replays the step on the parameters it left."""
 
 
 @dataclass
@@ -309,9 +320,13 @@ class FaultConfig:
     phase: str = choice("step", "step", "save")
     """step = dies before step at_step+1; save = dies after writing the shards of the checkpoint of
     step at_step, before it is made visible (for testing atomicity)."""
-    kind: str = choice("kill", "kill", "raise", "hang")
+    kind: str = choice("kill", "kill", "raise", "hang", "corrupt_grad")
     """kill = SIGKILL (a hard crash), raise = an exception in the rank, hang = the rank stops
-    calling collectives, so its peers time out (after launch.timeout_s)."""
+    calling collectives, so its peers time out (after launch.timeout_s); corrupt_grad = rank
+    fault.kill_rank adds 1 to its gradients of fault.module's parameters in step at_step+1 (the run
+    goes on: parity and its localisation report should find the module)."""
+    module: Optional[str] = None
+    """For kind=corrupt_grad: the module path whose parameters' gradients are corrupted (layers.1.attention.wq)."""
 
 
 @dataclass

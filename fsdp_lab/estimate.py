@@ -32,11 +32,11 @@ from fsdp_lab.models import build_model, count_params
 from fsdp_lab.optim import build_optimizer
 from fsdp_lab.parallel import parallelize
 from fsdp_lab.probes.memory import PhaseMemory
-from fsdp_lab.probes.memory_breakdown import ModuleBreakdown, render_table
+from fsdp_lab.probes.memory_breakdown import ModuleBreakdown, measured, render_table
 from fsdp_lab.probes.parity import unwrap
 from fsdp_lab.sinks.files import write_json_atomic, write_summary
 from fsdp_lab.accum import Accumulation
-from fsdp_lab.train import measured, train_step, unmeasured
+from fsdp_lab.step import train_step, unmeasured
 
 ESTIMATE_FILE = "estimate.json"
 MEASURED_STEP = 2

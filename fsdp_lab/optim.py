@@ -1,8 +1,24 @@
-"""Optimizers. Fused kernels on GPU: one launch per step instead of one per parameter."""
+"""Optimizers, learning-rate schedules and gradient clipping. Fused kernels on GPU: one launch per
+step instead of one per parameter.
+
+The gradient norm is the norm of the whole model's gradient, whatever the layout holds locally:
+each DTensor gradient (FSDP2, HSDP, TP) contributes its local sum of squares, summed over the mesh
+dimensions it is sharded on (not over those it is replicated on); FSDP1 computes it with its own
+`clip_grad_norm_`; DDP's gradients are whole on every rank; pipeline stages sum their parts over the
+pp group. The reference's norm is that of its full, replicated gradient, so the two compare."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Replicate
 
 from fsdp_lab.config import OptimConfig
 
@@ -14,3 +30,128 @@ def build_optimizer(params, cfg: OptimConfig, device: torch.device) -> torch.opt
     cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
     fused = device.type == "cuda" and cfg.foreach is None
     return cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=cfg.foreach, fused=fused or None)
+
+
+def lr_factor(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
+    """The factor on optim.lr for 0-based step `s`: a linear warm-up, then the schedule, which
+    reaches 0 one step after the last."""
+
+    def factor(s: int) -> float:
+        if s < cfg.warmup_steps:
+            return (s + 1) / (cfg.warmup_steps + 1)
+        progress = (s - cfg.warmup_steps) / max(total_steps - cfg.warmup_steps, 1)
+        if cfg.schedule == "linear":
+            return 1.0 - progress
+        if cfg.schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, total_steps))
+
+
+def _reduce_over(value: torch.Tensor, groups) -> torch.Tensor:
+    for group in groups:
+        dist.all_reduce(value, group=group)
+    return value
+
+
+def _sq(local: torch.Tensor) -> torch.Tensor:
+    # The norm first (no float64 copy of the gradient), then its square in float64.
+    return torch.linalg.vector_norm(local.detach()).double().square()
+
+
+def _sharded_dims(grad: DTensor) -> tuple[int, ...]:
+    """Mesh dimensions over which `grad`'s local tensors are parts of one whole (not copies)."""
+    return tuple(i for i, p in enumerate(grad.placements) if not isinstance(p, Replicate))
+
+
+@torch.no_grad()
+def grad_sq_sum(model: nn.Module, device: torch.device) -> torch.Tensor:
+    """The squared gradient norm of what this rank's parameters span, summed over the mesh
+    dimensions each DTensor gradient is sharded on (float64, on `device`: the collectives' device,
+    also when the gradients are offloaded to the CPU)."""
+    plain = torch.zeros((), dtype=torch.float64, device=device)
+    sharded: dict[tuple, tuple] = {}
+    for g in (p.grad for p in model.parameters() if p.grad is not None):
+        if isinstance(g, DTensor):
+            if any(p.is_partial() for p in g.placements):  # summands, not parts: sum them first
+                g = g.redistribute(placements=[Replicate() if p.is_partial() else p for p in g.placements])
+            dims = _sharded_dims(g)
+            key = (id(g.device_mesh), dims)
+            part = sharded.setdefault(key, (g.device_mesh, dims, torch.zeros_like(plain)))[2]
+            part += _sq(g.to_local()).to(device)
+        else:
+            plain += _sq(g).to(device)
+    for mesh, dims, part in sharded.values():
+        plain += _reduce_over(part, [mesh.get_group(d) for d in dims])
+    return plain
+
+
+@torch.no_grad()
+def grad_norm(model: nn.Module, device: torch.device, pp_group=None) -> torch.Tensor:
+    """The total L2 norm of the model's gradient over every rank (float64); `pp_group` sums the
+    stages' parts."""
+    if isinstance(model, FullyShardedDataParallel):
+        # FSDP1 knows which flat shards are sharded and over which groups; an infinite max_norm
+        # only reads the norm (the coefficient clamps to 1).
+        return model.clip_grad_norm_(math.inf).double().to(device)
+    sq = grad_sq_sum(model, device)
+    if pp_group is not None:
+        dist.all_reduce(sq, group=pp_group)
+    return sq.sqrt()
+
+
+@torch.no_grad()
+def clip_to(model: nn.Module, max_norm: float, total_norm: torch.Tensor) -> None:
+    """Scale every local gradient by max_norm / total_norm when the total exceeds max_norm."""
+    coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+    for p in model.parameters():
+        if p.grad is not None:
+            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            g.mul_(coef.to(device=g.device, dtype=g.dtype))
+
+
+@dataclass
+class Optimization:
+    """One model's optimizer, its learning-rate schedule and its gradient clipping."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    max_norm: float | None
+    device: torch.device
+    pp_group: object = None
+
+    @classmethod
+    def build(cls, model: nn.Module, cfg: OptimConfig, total_steps: int, device: torch.device, pp_group=None) -> Optimization:
+        optimizer = build_optimizer(model.parameters(), cfg, device)
+        return cls(model, optimizer, build_scheduler(optimizer, cfg, total_steps), cfg.max_norm, device, pp_group)
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def clip(self) -> torch.Tensor:
+        """The pre-clip total gradient norm; the gradients are clipped to max_norm if it is set."""
+        norm = grad_norm(self.model, self.device, self.pp_group)
+        if self.max_norm is not None:
+            clip_to(self.model, self.max_norm, norm)
+        return norm
+
+
+class Optimized:
+    """What checkpoints read off a trained model's holder (the trainer, the parity reference)."""
+
+    optim: Optimization
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.optim.optimizer
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:
+        return self.optim.scheduler

@@ -15,10 +15,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from fsdp_lab.probes.parity import unwrap
-from fsdp_lab.train import forward_backward, unmeasured
+from fsdp_lab.step import forward_backward, unmeasured
 
 
 class StandaloneLayer:
+    key = "standalone/loss"
+    """Its metric key; the parity probe compares it as parity/standalone_loss_abs_diff."""
+    activity = "standalone block forward/backward"
+
     def __init__(self, index: int, dp_group):
         self.index, self.dp_group = index, dp_group
 

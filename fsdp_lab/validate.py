@@ -20,6 +20,7 @@ from fsdp_lab.models import build_model
 from fsdp_lab.parallel.pipeline import MULTI_STAGE_SCHEDULES, STAGE_TYPES, stages_per_rank
 from fsdp_lab.parallel.tp import TP_PLANS
 from fsdp_lab.parallel.wrap import wrap_units
+from fsdp_lab.probes.registry import check_probes
 
 
 def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
@@ -117,16 +118,29 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     _check_module_calls(run, dims, device_type)
     for spec in run.checks:
         parse_check(spec)
-    mem = run.probes.memory
-    if mem.tracker == "module" and not 2 <= mem.tracker_step <= t.steps:
-        raise ConfigError(
-            f"probes.memory.tracker_step={mem.tracker_step}: must be in 2..train.steps={t.steps} (step 1 is the warm-up)"
-        )
+    check_probes(run, dims)
     f = run.fault
     if f.kill_rank is not None and f.kill_rank >= dims.world_size:
         raise ConfigError(f"fault.kill_rank={f.kill_rank}: must be a rank in 0..{dims.world_size - 1}")
     if (f.kill_rank is None) != (f.at_step is None):
         raise ConfigError("fault.kill_rank and fault.at_step: set both or neither")
+    if (f.kind == "corrupt_grad") != (f.module is not None):
+        raise ConfigError(f"fault.module={f.module} with fault.kind={f.kind}: fault.kind=corrupt_grad needs fault.module=PATH, and only it takes one")
+    if f.kind == "corrupt_grad":
+        _check_corrupt_grad(run)
+
+
+def _check_corrupt_grad(run: RunConfig) -> None:
+    f = run.fault
+    if f.phase != "step":
+        raise ConfigError(f"fault.phase={f.phase} with fault.kind=corrupt_grad: gradients exist during a step; allowed: step")
+    if run.mesh.engine == "fsdp1" and not run.fsdp.use_orig_params:
+        raise ConfigError("fault.kind=corrupt_grad with mesh.engine=fsdp1: its modules' gradients live in flat parameters; allowed with fsdp.use_orig_params=true")
+    with torch.device("meta"):
+        model = build_model(run.model, run.train.seed)
+    names = [name for name, m in model.named_modules() if name and any(True for _ in m.parameters())]
+    if f.module not in names:
+        raise ConfigError(f"fault.module={f.module}: not a module with parameters of model.name={run.model.name}; allowed: a module holding parameters, e.g. {names[0]}, {names[-1]}")
 
 
 def _check_accum(run: RunConfig, dims: ParallelDims) -> None:

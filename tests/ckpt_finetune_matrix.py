@@ -13,7 +13,7 @@ from torch import nn
 
 from fsdp_lab.checks import evaluate
 from fsdp_lab.probes.parity import unwrap
-from fsdp_lab.worker import _probe_summaries
+from fsdp_lab.summary import probe_sections
 from matrix_rank import run_matrix, train
 
 COMMON = ["train.steps=3", "probes.parity.param_every=1", "probes.perf.enabled=false", "logger=none", "device=cpu"]
@@ -85,7 +85,7 @@ def nesting(module: nn.Module) -> list[str]:
 
 def train_variant(overrides: list[str], ctx) -> dict:
     run, trainer, rows = train(COMMON + overrides, ctx)
-    summary = _probe_summaries(run, trainer)
+    summary = probe_sections(trainer.probes)
     model = unwrap(trainer.model)
     return {
         "checks": evaluate(run.checks, summary, rows),

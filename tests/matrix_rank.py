@@ -14,16 +14,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from compose import compose_run
+from fsdp_lab.config import RunConfig
 from fsdp_lab.dist import init_distributed
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.worker import build_trainer
 from lab import REPO, lab_env
 
 
-def launch(matrix_module: str, out_dir: Path, timeout: float = 600) -> dict:
-    """Run `tests/<matrix_module>.py` on 2 ranks; returns rank 0's {label: result}."""
+def launch(matrix_module: str, out_dir: Path, timeout: float = 600, nproc: int = 2) -> dict:
+    """Run `tests/<matrix_module>.py` on `nproc` ranks; returns rank 0's {label: result}."""
     out = out_dir / "matrix.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
            str(REPO / "tests" / f"{matrix_module}.py"), str(out)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=lab_env())
     assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-3000:]
@@ -37,13 +38,19 @@ def result_of(matrix: dict, label: str) -> dict:
     return result
 
 
-def train(overrides: list[str], ctx):
-    """Compose `overrides`, build the run's trainer over every rank (dp_shard) and train it; returns
-    the config, the trained trainer and its metric rows."""
+def run_and_mesh(overrides: list[str], ctx) -> tuple[RunConfig, ParallelDims]:
+    """`overrides` composed, and the run's mesh over every rank."""
     run = compose_run(*overrides)
-    dims = ParallelDims.resolve(pp=1, dp_replicate=1, dp_shard=-1, tp=1, world_size=ctx.world_size)
+    m = run.mesh
+    return run, ParallelDims.resolve(pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, world_size=ctx.world_size)
+
+
+def train(overrides: list[str], ctx, run_dir: Path | None = None):
+    """Compose `overrides`, build the run's trainer over every rank and train it; returns the
+    config, the trained trainer and its metric rows (`run_dir`: where probes write their files)."""
+    run, dims = run_and_mesh(overrides, ctx)
     rows: list[dict] = []
-    trainer = build_trainer(run, dims, ctx, on_step=rows.append)
+    trainer = build_trainer(run, dims, ctx, on_step=rows.append, run_dir=run_dir)
     trainer.run()
     return run, trainer, rows
 

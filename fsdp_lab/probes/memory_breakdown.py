@@ -19,7 +19,7 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.fsdp import FSDPModule
 
-from fsdp_lab.probes.memory import MIB, tracker_total
+from fsdp_lab.probes.memory import MIB, PhaseMemory, tracker_total
 from fsdp_lab.sinks.files import write_json_atomic
 
 BREAKDOWN_JSON = "memory_breakdown.json"
@@ -115,6 +115,19 @@ class ModuleBreakdown:
             "ranks": [{"rank": r, **stats} for r, stats in enumerate(ranks)],
             "modules": [{"module": fqn, **phases} for fqn, phases in self._modules.items()],
         }
+
+
+@contextlib.contextmanager
+def measured(memory: PhaseMemory, breakdown: ModuleBreakdown, batches):
+    """Both around one step outside a training run (mode=estimate); yields the phase marker. The
+    tracker is entered first: on CPU the phases are read from it."""
+    with breakdown.track(batches), memory.step(breakdown.tracker):
+
+        def mark(phase: str) -> None:
+            breakdown.mark(phase)
+            memory.mark(phase)
+
+        yield mark
 
 
 def categories(report: dict) -> list[str]:

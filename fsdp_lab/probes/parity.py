@@ -26,9 +26,13 @@ class ParityVerdict:
     reference: str
     max_loss_abs_diff: float = 0.0
     max_param_abs_diff: float = 0.0
+    max_grad_norm_abs_diff: float = 0.0
 
     def update_loss(self, diff: float) -> None:
         self.max_loss_abs_diff = max(self.max_loss_abs_diff, diff)
+
+    def update_grad_norm(self, diff: float) -> None:
+        self.max_grad_norm_abs_diff = max(self.max_grad_norm_abs_diff, diff)
 
     def update_params(self, diff: float) -> None:
         self.max_param_abs_diff = max(self.max_param_abs_diff, diff)
@@ -41,7 +45,11 @@ class ParityVerdict:
 
     @property
     def ok(self) -> bool:
-        return self.max_loss_abs_diff <= self.tolerance and self.max_param_abs_diff <= self.param_tolerance
+        # The gradient norm sums many squares: it drifts as the parameters do.
+        return (
+            self.max_loss_abs_diff <= self.tolerance and self.max_param_abs_diff <= self.param_tolerance
+            and self.max_grad_norm_abs_diff <= self.param_tolerance
+        )
 
     def as_summary(self) -> dict:
         return {
@@ -52,6 +60,7 @@ class ParityVerdict:
             "param_tolerance": self.param_tolerance,
             "max_loss_abs_diff": self.max_loss_abs_diff,
             "max_param_abs_diff": self.max_param_abs_diff,
+            "max_grad_norm_abs_diff": self.max_grad_norm_abs_diff,
         }
 
 

@@ -1,0 +1,33 @@
+"""The throughput probe (probes.perf.enabled): step time, tokens/s, MFU on GPUs with a known peak and
+the iteration time (fsdp_lab/probes/perf.py)."""
+
+from __future__ import annotations
+
+from fsdp_lab.config import RunConfig
+from fsdp_lab.dist import DistContext
+from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.probes.base import Probe, ProbeSetup, StepResult
+from fsdp_lab.probes.perf import Throughput
+
+
+class ThroughputProbe(Probe):
+    metric_keys = ("perf/step_time_s", "perf/tokens_per_s", "perf/mfu", "perf/iteration_time_s")
+    summary_keys = ("perf",)
+
+    @staticmethod
+    def enabled(run: RunConfig, dims: ParallelDims, ctx: DistContext) -> bool:
+        return run.probes.perf.enabled
+
+    def attach(self, setup: ProbeSetup) -> None:
+        run = setup.run
+        self.throughput = Throughput(
+            tokens_per_step=setup.dims.dp * run.train.batch_size * setup.tokens_per_sample,
+            world_size=setup.dims.world_size, flops_per_token=setup.flops_per_token,
+            device=setup.ctx.device, warmup_steps=run.probes.perf.warmup_steps,
+        )
+
+    def after_step(self, result: StepResult) -> dict:
+        return self.throughput.metrics(result.step_time_s)
+
+    def summary(self) -> dict:
+        return {"perf": self.throughput.summary()}

@@ -1,0 +1,85 @@
+"""One optimizer step: the microbatches' forward and backward, the gradient's norm and clipping,
+the optimizer step; and the phase marks the probes read between them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from fsdp_lab.parallel.pipeline import PipelinedModel
+
+# What a rank is doing after each phase mark: named in the error when a collective times out.
+IN_FLIGHT_AFTER = {
+    "start": "forward (parameter all-gather)",
+    "after_fwd": "loss",
+    "after_loss": "backward (gradient reduce-scatter / all-reduce)",
+    "after_bwd": "gradient norm and optimizer step, or the next microbatch's forward",
+    "after_step": "zero_grad",
+    "done": "loss all-reduce",
+}
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    # At least float32 (a float64 model keeps its precision).
+    return F.cross_entropy(logits.flatten(0, -2).to(torch.promote_types(logits.dtype, torch.float32)), targets.flatten())
+
+
+def global_mean(local: torch.Tensor, group) -> float:
+    """The mean of a per-rank value over the data-parallel group."""
+    value = local.clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
+    return value.item() / dist.get_world_size(group)
+
+
+def unmeasured(phase: str) -> None:
+    """The phase marker of steps nobody measures (the parity reference's)."""
+
+
+def forward_backward(
+    model: nn.Module, batches, mark: Callable[[str], None],
+    around_microbatch: Callable[[int, int], contextlib.AbstractContextManager] | None,
+) -> torch.Tensor:
+    """Forward and backward of every microbatch, each loss divided by their number, so the
+    accumulated gradient equals that of one pass over the whole batch; returns the mean loss."""
+    if isinstance(model, PipelinedModel):
+        # The schedule interleaves the microbatches' forwards and backwards and sets gradient sync itself.
+        total = model.forward_backward(batches)
+        mark("after_bwd")
+        return total
+    total = torch.zeros((), device=batches[0][1].device)
+    for i, (inputs, targets) in enumerate(batches):
+        with around_microbatch(i, len(batches)) if around_microbatch else contextlib.nullcontext():
+            logits = model(inputs)
+            mark("after_fwd")
+            loss = loss_fn(logits, targets) / len(batches)
+            mark("after_loss")
+            loss.backward()
+            mark("after_bwd")
+        total = total + loss.detach()  # out of place: a float64 loss stays float64
+    return total
+
+
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batches, mark: Callable[[str], None],
+    around_microbatch: Callable[[int, int], contextlib.AbstractContextManager] | None = None,
+    before_update: Callable[[], torch.Tensor | None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer step over the microbatches; returns this rank's mean loss (detached) and what
+    `before_update` returned (the pre-clip gradient norm).
+
+    `around_microbatch(index, count)` gives the context each microbatch's forward+backward runs in
+    (gradient accumulation policy, collective counting); `before_update()` runs between the last
+    backward and the optimizer step (fault injection, gradient norm and clipping)."""
+    mark("start")
+    total = forward_backward(model, batches, mark, around_microbatch)
+    norm = before_update() if before_update is not None else None
+    optimizer.step()
+    mark("after_step")
+    optimizer.zero_grad(set_to_none=True)
+    mark("done")
+    return total, norm

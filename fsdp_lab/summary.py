@@ -1,0 +1,92 @@
+"""summary.json, built in one place: the run's facts, then each probe's section (fsdp_lab/probes/),
+the checkpoint's, and the checks' verdicts. SCHEMA writes its keys down once; the tests and the
+report read them from here. sinks.files.write_summary is the one function that writes the file."""
+
+from __future__ import annotations
+
+from fsdp_lab.config import RunConfig
+from fsdp_lab.mesh import ParallelDims
+
+# Every key summary.json may hold: "section.key" for a section's keys; a section whose keys are open
+# (per phase, per category, per check) lists none below it.
+SCHEMA: dict[str, str] = {
+    "status": "running | ok | failed | interrupted",
+    "error": "rank N: ExceptionType: message, or null",
+    "steps": "optimizer steps finished",
+    "world_size": "ranks",
+    "device": "cpu | cuda",
+    "mesh": "{pp, dp_replicate, dp_shard, tp, engine}",
+    "final_loss": "the last step's loss (mean over data-parallel ranks)",
+    "parity": "the parity probe's verdict; {enabled: false} when it is off",
+    "parity.enabled": "whether the probe ran",
+    "parity.ok": "every figure within its tolerance",
+    "parity.reference": "ddp-<dtype>",
+    "parity.tolerance": "loss tolerance (by compute dtype)",
+    "parity.param_tolerance": "parameter and gradient-norm tolerance",
+    "parity.max_loss_abs_diff": "largest |loss - reference loss| over steps",
+    "parity.max_param_abs_diff": "largest |parameter shard - reference slice|",
+    "parity.max_grad_norm_abs_diff": "largest |grad/norm - reference's| over steps",
+    "parity.localized": "where the replayed step first diverged (parity_report.json), when it was localised",
+    "parity.localized.step": "the replayed step (1-based)",
+    "parity.localized.forward_module": "first module whose output differs beyond tolerance, or null",
+    "parity.localized.grad_module": "first module whose parameter gradient differs beyond tolerance, or null",
+    "parity.localized.report": "the report's file name in the run dir",
+    "memory": "the per-phase probe's and the module tracker's figures; null when both are off",
+    "memory.peak_mib": "the run's peak",
+    "memory.reserved_peak_mib": "GPU: the caching allocator's reserved peak",
+    "memory.phases_mib": "the last step's phases",
+    "memory.phases_max_mib": "each phase's maximum over the steps",
+    "memory.tracker_peak_mib": "probes.memory.tracker=module: the tracked step's peak",
+    "memory.tracker_peak_categories_mib": "its categories at the peak",
+    "memory.tracker_accuracy": "GPU: tracker peak / allocator peak",
+    "perf": "the throughput probe's medians after warm-up; null when it is off",
+    "perf.step_time_s": "",
+    "perf.tokens_per_s": "per device",
+    "perf.mfu": "GPU with a known peak, else null",
+    "perf.iteration_time_s": "the whole loop's turn",
+    "frozen": "model.freeze: the frozen parameters' change (absent without model.freeze)",
+    "frozen.params": "parameters frozen",
+    "frozen.compared_numel": "elements compared over ranks",
+    "frozen.max_abs_change": "largest change (0.0 when they held)",
+    "checkpoint": "{resumed_from, last_saved}, or null without checkpoints",
+    "checkpoint.resumed_from": "",
+    "checkpoint.last_saved": "",
+    "checks": "{name: {ok, value, expected}} for the checks the run selected",
+}
+
+# What a section holds when its probe is off.
+ABSENT_SECTIONS = {"parity": {"enabled": False}, "memory": None, "perf": None}
+
+
+def base_summary(run: RunConfig, dims: ParallelDims, device: str) -> dict:
+    """The summary of a run that has not finished (or never started its ranks)."""
+    return {
+        "status": "running", "error": None, "steps": 0, "world_size": dims.world_size, "device": device,
+        "mesh": {**dims.as_dict(), "engine": run.mesh.engine},
+    }
+
+
+def probe_sections(probes: list) -> dict:
+    """The probes' sections (every rank computes them: some compare over ranks), in probe order;
+    two probes filling one section (memory) merge."""
+    out: dict = dict(ABSENT_SECTIONS)
+    for probe in probes:
+        for key, value in probe.summary().items():
+            out[key] = {**(out.get(key) or {}), **value} if isinstance(value, dict) else value
+    return out
+
+
+def finished(summary: dict, *, steps: int, final_loss: float | None, probes: list, checkpoint: dict | None) -> dict:
+    """`summary` completed for a run that trained to the end."""
+    return {**summary, "status": "ok", "steps": steps, "final_loss": final_loss, **probe_sections(probes), "checkpoint": checkpoint}
+
+
+def keys_of(summary: dict, prefix: str = "") -> set[str]:
+    """The schema's names of the keys `summary` holds (open sections are not descended into)."""
+    out = set()
+    for key, value in summary.items():
+        name = f"{prefix}{key}"
+        out.add(name)
+        if isinstance(value, dict) and any(k.startswith(name + ".") for k in SCHEMA):
+            out |= keys_of(value, name + ".")
+    return out

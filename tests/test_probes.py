@@ -1,0 +1,98 @@
+"""The probe protocol in process (one gloo rank): a probe is one module plus one line in the
+registry; the probes run in the documented order; summary.json holds only the keys its schema
+writes down; the learning-rate schedules; the bad inputs of clipping, schedules and faults live in
+tests/test_bad_input.py, and the multi-rank behaviour in tests/test_clip_schedule_localize.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fsdp_lab.config import ConfigError, OptimConfig
+from fsdp_lab.optim import lr_factor
+from fsdp_lab.probes import registry
+from fsdp_lab.summary import SCHEMA, base_summary, finished, keys_of
+from fsdp_lab.worker import build_trainer
+from microbatch_probe import MicrobatchProbe
+
+TINY = ["debug=cpu_tiny", "mesh=single", "train.steps=3", "train.microbatches=2", "probes.parity.param_every=1"]
+
+
+@pytest.fixture
+def tiny(prepared):
+    """`tiny(*overrides) -> (RunConfig, ParallelDims)`: a tiny 1-rank run, checked as the CLI does."""
+    return lambda *overrides: prepared(*TINY, *overrides)
+
+
+@pytest.fixture
+def train(tiny, world_of_one):
+    """`train(*overrides) -> (trainer, rows, summary)`: the tiny run trained in this process."""
+
+    def run_it(*overrides: str):
+        run, dims = tiny(*overrides)
+        rows: list[dict] = []
+        trainer = build_trainer(run, dims, world_of_one, on_step=rows.append)
+        trainer.run()
+        summary = finished(
+            base_summary(run, dims, "cpu"), steps=run.train.steps, final_loss=trainer.last_loss, probes=trainer.probes, checkpoint=None,
+        )
+        return trainer, rows, summary
+
+    return run_it
+
+
+@pytest.fixture
+def with_microbatch_probe(monkeypatch):
+    monkeypatch.setattr(registry, "PROBES", (*registry.PROBES, MicrobatchProbe))  # the one line
+
+
+def test_a_new_probe_is_one_module_and_one_line(train, with_microbatch_probe):
+    trainer, rows, summary = train()
+    assert isinstance(trainer.probes[-1], MicrobatchProbe)
+    # Two microbatches, each marking after_fwd/after_loss/after_bwd, around start/after_step/done.
+    assert [(r["count/microbatches"], r["count/marks"]) for r in rows] == [(2, 9)] * 3
+    assert summary["count"] == {"steps": 3}
+    assert list(rows[0])[-2:] == ["count/microbatches", "count/marks"], "its row comes after the built-in probes'"
+
+
+def test_a_new_probe_refuses_what_it_cannot_follow_before_any_rank_starts(tiny, with_microbatch_probe):
+    with pytest.raises(ConfigError, match="train.steps=60 with the microbatch probe: allowed is <= 50"):
+        tiny("train.steps=60")
+
+
+def test_probes_are_built_in_the_documented_order(tiny, world_of_one):
+    run, dims = tiny("probes.memory.tracker=module", "probes.comm.enabled=true")
+    assert [type(p) for p in registry.build_probes(run, dims, world_of_one)] == list(registry.PROBES[:5])
+    run, dims = tiny("probes.parity.enabled=false", "model=mlp_stack", "model.freeze=in_proj")
+    assert [type(p).__name__ for p in registry.build_probes(run, dims, world_of_one)] == ["PhaseMemoryProbe", "ThroughputProbe", "FrozenProbe"]
+
+
+def test_summary_holds_only_the_keys_of_its_schema(train):
+    _, rows, summary = train("probes.memory.tracker=module", "probes.memory.tracker_step=2", "probes.parity.localize=true")
+    assert keys_of(summary) <= set(SCHEMA), keys_of(summary) - set(SCHEMA)
+    public = {"status", "error", "steps", "world_size", "device", "mesh", "final_loss", "parity.enabled", "parity.ok",
+              "parity.reference", "parity.max_loss_abs_diff", "parity.max_param_abs_diff", "memory.peak_mib",
+              "memory.phases_mib", "perf.step_time_s", "perf.tokens_per_s", "perf.mfu"}
+    assert public <= keys_of(summary)
+    # localize=true replays the last step even when nothing failed; nothing differs on one rank.
+    assert summary["parity"]["localized"] == {"step": 3, "forward_module": None, "grad_module": None, "report": "parity_report.json"}
+    assert rows[1]["memory/tracker_accuracy"] is None and "memory/tracker_accuracy" not in rows[0]
+
+
+def test_every_step_logs_the_learning_rate_and_the_gradient_norm(train):
+    _, rows, summary = train("optim.schedule=linear", "optim.warmup_steps=1", "optim.max_norm=0.01")
+    assert [r["lr"] for r in rows] == pytest.approx([0.0005, 0.001, 0.0005])
+    assert all(r["grad/norm"] > 0.01 for r in rows), "pre-clip: above max_norm"
+    assert summary["parity"]["ok"] and all(r["parity/grad_norm_abs_diff"] <= 1e-6 for r in rows)
+
+
+@pytest.mark.parametrize("schedule,expected", [
+    ("constant", [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]),
+    ("linear", [0.25, 0.5, 0.75, 1.0, 2 / 3, 1 / 3]),
+    ("cosine", [0.25, 0.5, 0.75, 1.0, 0.75, 0.25]),
+])
+def test_schedules_warm_up_then_decay_towards_zero(schedule, expected):
+    factor = lr_factor(OptimConfig(schedule=schedule, warmup_steps=3), total_steps=6)
+    assert [factor(s) for s in range(6)] == pytest.approx(expected)
+    assert math.isclose(factor(6), 1.0 if schedule == "constant" else 0.0, abs_tol=1e-12)
