@@ -6,6 +6,7 @@ tests/test_bad_input.py, and the multi-rank behaviour in tests/test_clip_schedul
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -78,6 +79,16 @@ def test_summary_holds_only_the_keys_of_its_schema(train):
     # localize=true replays the last step even when nothing failed; nothing differs on one rank.
     assert summary["parity"]["localized"] == {"step": 3, "forward_module": None, "grad_module": None, "report": "parity_report.json"}
     assert rows[1]["memory/tracker_accuracy"] is None and "memory/tracker_accuracy" not in rows[0]
+
+
+def test_every_row_key_and_summary_section_is_declared_by_the_trainer_or_a_probe(train):
+    trainer, rows, summary = train("probes.memory.tracker=module", "probes.comm.enabled=true")
+    # `<phase>` in a declared key stands for a family of keys.
+    pattern = re.compile("|".join(re.sub("<[a-z]+>", "[a-z_]+", re.escape(k)) for p in trainer.probes for k in p.metric_keys))
+    undeclared = {k for r in rows for k in r if not pattern.fullmatch(k)}
+    assert undeclared == {"step", "loss", "grad/norm", "lr"}, "only the trainer's own keys are left"
+    sections = {k for p in trainer.probes for k in p.summary_keys}
+    assert sections == {"parity", "memory", "perf"} and sections <= set(summary)
 
 
 def test_every_step_logs_the_learning_rate_and_the_gradient_norm(train):

@@ -1,7 +1,7 @@
 """The probe protocol. A probe is one module of fsdp_lab/probes/ holding one Probe subclass; it owns
-its config slice (`enabled(run)`), its refusals before any rank starts (`check`), its metric keys,
+its config slice (`enabled(run, dims, ctx)`), its refusals before any rank starts (`check`), its metric keys,
 its work around each step and microbatch, its metric row after each step and its section of
-summary.json. `fsdp_lab.probes.build_probes` lists them in a fixed order.
+summary.json. `fsdp_lab.probes.registry` lists them in a fixed order and builds them.
 
 A step, seen by the probes (in build order: the first probe's contexts are entered last, so they sit
 closest to the step, and its row comes first):
@@ -71,7 +71,7 @@ class StepResult:
 
 
 class Probe:
-    activity: ClassVar[str] = ""
+    activity: ClassVar[str] = "the probes' work after the step"
     """What its after_step does, named if a collective times out there."""
     metric_keys: ClassVar[tuple[str, ...]] = ()
     """The metric keys it writes (`<...>` stands for a family: memory/<phase>_mib)."""
