@@ -109,10 +109,14 @@ def grad_norm(model: nn.Module, device: torch.device, pp_group=None) -> torch.Te
 def clip_to(model: nn.Module, max_norm: float, total_norm: torch.Tensor) -> None:
     """Scale every local gradient by max_norm / total_norm when the total exceeds max_norm."""
     coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+    coefs: dict[tuple, torch.Tensor] = {}  # one copy per device and dtype (offloaded gradients live on the CPU)
     for p in model.parameters():
         if p.grad is not None:
             g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            g.mul_(coef.to(device=g.device, dtype=g.dtype))
+            key = (g.device, g.dtype)
+            if key not in coefs:
+                coefs[key] = coef.to(device=g.device, dtype=g.dtype)
+            g.mul_(coefs[key])
 
 
 @dataclass
