@@ -1,12 +1,21 @@
-"""The lab's training step against the hand-written FSDP2 yardstick, on the same GPUs in one
-invocation: `python benchmarks/speed.py [--compile] [extra lab overrides]`.
+"""The lab's training step beside torchtitan's and a hand-written FSDP2 loop, on the same GPUs, model
+shape and precision, in one invocation per mode:
 
-Runs the lab (`+experiment=bench_llama1b`, probes off, then with the memory probe on for the peak),
-then the yardstick under torchrun, and prints tokens/s, step time, MFU and peak memory side by side."""
+    python benchmarks/speed.py [--compile] [--shape 1b|8b] [--runs 3] [--peers lab,torchtitan,hand-written]
+                               [--peer-path DIR] [--json PATH] [extra lab overrides]
+
+Each run is a fresh process; the runs of the peers alternate (lab, torchtitan, hand-written, lab, ...)
+so that drift of the machine hits all alike, and the table shows medians. The lab runs
+`+experiment=bench_llama1b` (shape 8b: Llama-3-8B's sizes with full multi-head attention, batch 1,
+seq 4096) with the per-phase memory probe on for its peak (it costs no measurable time). torchtitan
+(benchmarks/torchtitan_yardstick.py) runs with DIR (where its wheels were installed) on its path."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -17,40 +26,87 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from lab import run_lab  # noqa: E402
 
+SHAPES = {
+    "1b": {},  # the experiment's own: dim 2048, 16 layers, 16 heads, ffn 5632, vocab 32000, seq 2048, batch 4
+    "8b": {"dim": 4096, "n_layers": 32, "n_heads": 32, "ffn_dim": 14336, "vocab_size": 128256,
+           "seq_len": 4096, "batch_size": 1, "steps": 12, "warmup": 4},
+    "tiny": {"dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 192, "vocab_size": 256,  # tries the script on CPU
+             "seq_len": 32, "batch_size": 2, "steps": 4, "warmup": 1},
+}
+LAB_KEY = {"seq_len": "train.seq_len", "batch_size": "train.batch_size", "steps": "train.steps",
+           "warmup": "probes.perf.warmup_steps"}
+PEERS = ("lab", "torchtitan", "hand-written")
+SCRIPT = {"torchtitan": "benchmarks/torchtitan_yardstick.py", "hand-written": "benchmarks/fsdp2_yardstick.py"}
+
 
 def lab(overrides: list[str]) -> dict:
-    """summary.json of `python -m fsdp_lab +experiment=bench_llama1b OVERRIDES`; exits if the run fails."""
-    result = run_lab("+experiment=bench_llama1b", *overrides, timeout=1800)
+    """tokens/s, MFU and peak memory of `python -m fsdp_lab +experiment=bench_llama1b OVERRIDES`."""
+    result = run_lab("+experiment=bench_llama1b", "probes.memory.enabled=true", *overrides, timeout=1800)
     if result.returncode != 0:
         sys.exit(f"lab run failed ({' '.join(overrides)}):\n{result.stderr[-3000:]}")
-    return result.summary
+    s = result.summary
+    return {"tokens_per_s": s["perf"]["tokens_per_s"], "mfu": s["perf"]["mfu"], "peak_mib": s["memory"]["peak_mib"]}
 
 
-def yardstick(gpus: int, args: list[str]) -> dict:
-    """The hand-written loop (benchmarks/fsdp2_yardstick.py ARGS) under torchrun on `gpus` GPUs."""
-    return json.loads(subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", "benchmarks/fsdp2_yardstick.py", *args],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    ).stdout.strip().splitlines()[-1])
+def peer(name: str, gpus: int, args: list[str], peer_path: str | None) -> dict:
+    """A yardstick script under torchrun on `gpus` GPUs; its last stdout line is its JSON."""
+    env = dict(os.environ)
+    if name == "torchtitan" and peer_path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (peer_path, env.get("PYTHONPATH")) if p)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", SCRIPT[name], *args],
+        cwd=REPO, capture_output=True, text=True, env=env,
+    )
+    if result.returncode != 0:
+        sys.exit(f"{name} run failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
-    compile_ = "--compile" in sys.argv
-    extra = [a for a in sys.argv[1:] if a != "--compile"] + (["model.compile=true"] if compile_ else [])
-    gpus = torch.cuda.device_count()
-    bare = lab(extra)["perf"]
-    with_memory = lab([*extra, "probes.memory.enabled=true"])
-    yard = yardstick(gpus, ["--compile"] if compile_ else [])
-    rows = [
-        ("tokens/s per GPU", bare["tokens_per_s"], yard["tokens_per_s"]),
-        ("step time (s)", bare["step_time_s"], yard["step_time_s"]),
-        ("peak memory (MiB)", with_memory["memory"]["peak_mib"], yard["peak_mib"]),
-    ]
-    print(f"{gpus} GPUs, compile={compile_}, params {yard['params'] / 1e9:.3f}B, lab MFU {bare['mfu']:.3f}, "
-          f"lab with memory probe {with_memory['perf']['tokens_per_s']:.0f} tokens/s")
-    print(f"{'':20} {'lab':>12} {'yardstick':>12} {'lab/yard':>9}")
-    for name, ours, theirs in rows:
-        print(f"{name:20} {ours:12.4g} {theirs:12.4g} {ours / theirs:9.3f}")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compile", action="store_true", help="per-block torch.compile in every peer")
+    p.add_argument("--shape", choices=SHAPES, default="1b")
+    p.add_argument("--runs", type=int, default=3, help="fresh processes per peer; the table shows medians")
+    p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}")
+    p.add_argument("--peer-path", help="directory holding torchtitan and its dependencies")
+    p.add_argument("--json", type=Path, help="also write every run's figures here")
+    a, extra = p.parse_known_args()
+    peers = [name for name in PEERS if name in a.peers.split(",")]
+    shape = SHAPES[a.shape]
+    gpus = torch.cuda.device_count() or 2  # 2 gloo ranks on a CPU-only machine
+    lab_overrides = [f"{LAB_KEY.get(k, 'model.' + k)}={v}" for k, v in shape.items()] + extra
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
+    if a.compile:
+        lab_overrides.append("model.compile=true")
+        args.append("--compile")
+
+    runs: dict[str, list[dict]] = {name: [] for name in peers}
+    for _ in range(a.runs):
+        for name in peers:
+            figures = lab(lab_overrides) if name == "lab" else peer(name, gpus, args, a.peer_path)
+            runs[name].append(figures)
+            print(f"{name:13} {figures['tokens_per_s']:10.0f} tokens/s  {figures['peak_mib']:9.0f} MiB", flush=True)
+    medians = {name: {key: statistics.median(r[key] for r in rs) for key in ("tokens_per_s", "peak_mib")}
+               for name, rs in runs.items()}
+    if "lab" in medians and runs["lab"][0]["mfu"]:  # the same model and FLOPs per token: MFU scales with tokens/s
+        flops_rate = statistics.median(r["mfu"] / r["tokens_per_s"] for r in runs["lab"])
+        for m in medians.values():
+            m["mfu"] = m["tokens_per_s"] * flops_rate
+    if a.json:
+        a.json.write_text(json.dumps({"gpus": gpus, "compile": a.compile, "shape": a.shape, "extra": extra,
+                                      "runs": runs, "medians": medians}, indent=1))
+
+    print(f"\n{gpus} GPUs, shape {a.shape}, compile={a.compile}, medians of {a.runs} runs{' ' + ' '.join(extra) if extra else ''}")
+    others = [name for name in peers if name != "lab"]
+    print(f"{'':18}" + "".join(f"{name:>14}" for name in peers) + ("".join(f"{'lab/' + n:>18}" for n in others) if "lab" in peers else ""))
+    for key, label, fmt in (("tokens_per_s", "tokens/s per GPU", "{:14.0f}"), ("mfu", "MFU", "{:14.3f}"),
+                            ("peak_mib", "peak memory (MiB)", "{:14.0f}")):
+        if key not in medians[peers[0]]:
+            continue
+        row = "".join(fmt.format(medians[name][key]) for name in peers)
+        if "lab" in peers:
+            row += "".join(f"{medians['lab'][key] / medians[n][key]:18.3f}" if medians[n][key] else f"{'-':>18}" for n in others)
+        print(f"{label:18}{row}")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
+from fsdp_lab.cross_entropy import cross_entropy
 from fsdp_lab.parallel.pipeline import PipelinedModel
 
 # What a rank is doing after each phase mark: named in the error when a collective times out.
@@ -25,8 +25,7 @@ IN_FLIGHT_AFTER = {
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    # At least float32 (a float64 model keeps its precision).
-    return F.cross_entropy(logits.flatten(0, -2).to(torch.promote_types(logits.dtype, torch.float32)), targets.flatten())
+    return cross_entropy(logits.flatten(0, -2), targets.flatten())
 
 
 def global_mean(local: torch.Tensor, group) -> float:

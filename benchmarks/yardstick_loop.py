@@ -1,0 +1,75 @@
+"""What the hand-written loops share (fsdp2_yardstick.py, torchtitan_yardstick.py): the model's shape
+on the command line, the process group, and the timed loop that prints one JSON line (rank 0)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+SHAPE = (("dim", 2048), ("n_layers", 16), ("n_heads", 16), ("ffn_dim", 5632), ("vocab_size", 32000),
+         ("seq_len", 2048), ("batch_size", 4), ("steps", 20), ("warmup", 5), ("dp_replicate", 1), ("tp", 1))
+
+
+def parse_args(description: str, **choices: tuple[str, ...]) -> argparse.Namespace:
+    """The bench_llama1b shape by default; `--dp-replicate R` makes it HSDP, `--tp T` 2D; each of
+    `choices` adds `--NAME`, its first value the default."""
+    p = argparse.ArgumentParser(description=description)
+    for name, default in SHAPE:
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    p.add_argument("--compile", action="store_true")
+    for name, allowed in choices.items():
+        p.add_argument(f"--{name}", choices=allowed, default=allowed[0])
+    return p.parse_args()
+
+
+def init_process_group() -> torch.device:
+    """One process per GPU under torchrun (gloo on CPU, where the loops can be tried on tiny shapes)."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.device,
+               around_backward=contextlib.nullcontext) -> None:
+    """Random tokens, `a.steps` steps, the median of those after `a.warmup`; rank 0 prints
+    step_time_s, tokens_per_s (per GPU: a tp group shares one batch), peak_mib and params.
+    `around_backward`: the context the loss and its backward run in."""
+    tokens = torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len + 1), device=device)
+    times = []
+    for step in range(a.steps):
+        synchronize(device)
+        t0 = time.perf_counter()
+        logits = model(tokens[:, :-1])
+        with around_backward():
+            loss = loss_fn(logits, tokens[:, 1:])
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
+        if step >= a.warmup:
+            times.append(time.perf_counter() - t0)
+    step_time = statistics.median(times)
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
+    if dist.get_rank() == 0:
+        print(json.dumps({"step_time_s": step_time, "tokens_per_s": a.batch_size * a.seq_len / a.tp / step_time,
+                          "peak_mib": peak, "loss": loss.item(),
+                          "params": sum(p.numel() for p in model.parameters())}), flush=True)
+    dist.destroy_process_group()
