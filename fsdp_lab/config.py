@@ -356,6 +356,20 @@ class PlanConfig:
 
 
 @dataclass
+class EstimateConfig:
+    device: Optional[str] = choice(None, "h100-80gb", "h100-94gb", "h200", "a100-40gb", "a100-80gb")
+    """mode=estimate: the GPU to fit on, by name; null = the visible GPU (none visible: no verdict)."""
+    device_memory_gib: Optional[float] = bounded(None, gt=0)
+    """The GPU's memory in GiB, over estimate.device (null = the device's)."""
+    reserved_mib: float = bounded(1024.0, ge=0)
+    """Device memory outside PyTorch's allocator: the CUDA context and NCCL's buffers."""
+    workspace_mib: float = bounded(64.0, ge=0)
+    """Library workspaces inside the allocator that no module owns (cuBLAS/cuBLASLt), added to the traced peak."""
+    fragmentation: float = bounded(0.05, ge=0)
+    """The allocator's reserve over its peak of live tensors (fragmentation, cached blocks), as a fraction."""
+
+
+@dataclass
 class RunConfig:
     """The root of a run's configuration (conf/config.yaml composes onto it)."""
 
@@ -372,6 +386,7 @@ class RunConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    estimate: EstimateConfig = field(default_factory=EstimateConfig)
     device: str = choice("auto", "auto", "cpu", "cuda")
     """auto = CUDA + NCCL when GPUs are visible, else CPU + gloo."""
     mode: str = choice("train", "train", "estimate", "plan")

@@ -65,10 +65,9 @@ def check_estimable(run: RunConfig) -> None:
     """Configurations mode=estimate cannot predict faithfully."""
     refusals = {
         "mesh.engine": (run.mesh.engine, run.mesh.engine != "fsdp2", "allowed: fsdp2 (FSDPMemTracker follows fully_shard only)"),
-        "mesh.pp": (run.mesh.pp, run.mesh.pp > 1, "allowed: 1 (pipeline stages are not estimated)"),
-        # fully_shard over TP parameters builds a joint DeviceMesh, whose rank lookup (nonzero over
-        # the mesh tensor) has a data-dependent shape that FakeTensorMode cannot run.
-        "mesh.tp": (run.mesh.tp, run.mesh.tp > 1, "allowed: 1 (tensor parallelism does not run under the fake backend)"),
+        # The schedule's first step exchanges real values between stages (its p2p warm-up reads a
+        # received flag), which a fake process group cannot deliver.
+        "mesh.pp": (run.mesh.pp, run.mesh.pp > 1, "allowed: 1 (a pipeline schedule's stages exchange real values, which the fake process group cannot deliver)"),
         "fsdp.cpu_offload": (run.fsdp.cpu_offload, run.fsdp.cpu_offload, "allowed: false (the estimate runs on one fake device)"),
         "model.compile": (run.model.compile, run.model.compile, "allowed: false (compiled graphs are not traced by the tracker)"),
         "fsdp.cast_after_sharding": (run.fsdp.cast_after_sharding, run.fsdp.cast_after_sharding is not None, "allowed: null (the estimate does not cast)"),

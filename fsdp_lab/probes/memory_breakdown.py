@@ -99,7 +99,8 @@ class ModuleBreakdown:
         ranks = [mine]
         if self.gather and dist.is_initialized():
             ranks = [None] * dist.get_world_size()
-            dist.all_gather_object(ranks, mine)
+            theirs = {**mine, "allocator_peak_mib": None if allocator_peak is None else allocator_peak / MIB}
+            dist.all_gather_object(ranks, theirs)
         accuracy = None
         if allocator_peak is not None:
             accuracy = peak["Total"] / max(allocator_peak - untracked, 1)

@@ -1,0 +1,36 @@
+"""A world that is not there: a fake process group (collectives do nothing) in which this process plays
+one rank, and device meshes built outside FakeTensorMode.
+
+DeviceMesh keeps small real tensors of ranks; `fully_shard` over tensor-parallel parameters builds a
+joint (dp, tp) mesh while the model is fake, whose rank lookup (`nonzero`) cannot run on fake tensors."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.distributed.device_mesh import DeviceMesh
+from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+
+def _outside_fake_mode(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with unset_fake_temporarily():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int, rank: int):
+    """Inside: a fake process group of `world_size` with this process as `rank`; meshes stay real."""
+    init = DeviceMesh.__init__
+    DeviceMesh.__init__ = _outside_fake_mode(init)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        DeviceMesh.__init__ = init
