@@ -53,12 +53,11 @@ class _FusedRMSNorm(torch.autograd.Function):
 
 def _rms_norm(self: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
     weight = self.weight
-    if isinstance(x, DTensor):
-        local_weight = weight.to_local(grad_placements=[Partial()] * weight.device_mesh.ndim) if isinstance(weight, DTensor) else weight
-        out = _FusedRMSNorm.apply(x.to_local(), local_weight)
-        return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False)
-    if isinstance(weight, DTensor):
+    if isinstance(weight, DTensor):  # each rank's weight gradient is a partial sum, as DTensor's own rule gives
         weight = weight.to_local(grad_placements=[Partial()] * weight.device_mesh.ndim)
+    if isinstance(x, DTensor):
+        out = _FusedRMSNorm.apply(x.to_local(), weight)
+        return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False)
     return _FusedRMSNorm.apply(x, weight)
 
 
