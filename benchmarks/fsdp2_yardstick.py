@@ -14,7 +14,7 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from yardstick_loop import init_process_group, parse_args, time_steps
 
-from fsdp_lab.config import ModelConfig
+from fsdp_lab.config import TransformerConfig
 from fsdp_lab.models.transformer import Transformer
 
 
@@ -29,8 +29,8 @@ def main() -> None:
     mesh = init_device_mesh(device.type, (a.dp_replicate, shard, a.tp), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
     dp_mesh = mesh["dp_replicate", "dp_shard"] if a.dp_replicate > 1 else mesh["dp_shard"]
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(name="transformer", dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads,
-                                    ffn_dim=a.ffn_dim, vocab_size=a.vocab_size))
+    model = Transformer(TransformerConfig(dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads,
+                                      ffn_dim=a.ffn_dim, vocab_size=a.vocab_size))
     if a.tp > 1:
         parallelize_module(model, mesh["tp"], {
             "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),

@@ -53,32 +53,129 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 @dataclass
 class ModelConfig:
-    name: str = choice("transformer", "mlp", "mlp_stack", "transformer", "convnet", "unused_input", "multi_traversal", "vit")
-    """Model family, in fsdp_lab/models/ (unused_input, multi_traversal: the fine-tuning models of
-    PyTorch's test_fsdp_fine_tune; vit: its register_fsdp_forward_method case)."""
-    dim: int = 64
-    """Width: transformer model dim, MLP in/out features, convnet channels."""
-    n_layers: int = 2
-    """Transformer blocks, MLPs in mlp_stack, conv blocks in convnet, loop iterations in multi_traversal."""
-    n_heads: int = 4
-    """Attention heads (transformer)."""
-    ffn_dim: int = 128
-    """Hidden size of the SwiGLU MLP (transformer) or of each MLP (mlp, mlp_stack); odd sizes allowed."""
-    vocab_size: int = 256
-    """Token vocabulary (transformer) or number of classes (convnet)."""
-    tie_embeddings: bool = False
-    """Share the token embedding with the output projection (transformer)."""
-    norm_eps: float = 1e-5
-    """RMSNorm epsilon (transformer)."""
-    image_size: int = 16
-    """Square input side in pixels (convnet)."""
+    """What every model family's config has; each family (fsdp_lab/models/, conf/model/NAME.yaml)
+    extends it with fields that mean one thing for that family."""
+
+    name: str = "transformer"
+    """Model family: a name registered in fsdp_lab/models/__init__.py (conf/model/NAME.yaml)."""
     compile: bool = False
     """torch.compile each block before sharding."""
     freeze: Optional[str] = None
     """Regex over parameter names; matching parameters get requires_grad=False (fine-tuning)."""
+
+
+@dataclass
+class TransformerConfig(ModelConfig):
+    name: str = "transformer"
+    dim: int = bounded(64, ge=1)
+    """Model width (embedding and residual stream)."""
+    n_layers: int = bounded(2, ge=1)
+    """Transformer blocks."""
+    n_heads: int = bounded(4, ge=1)
+    """Attention heads; must divide dim."""
+    ffn_dim: int = bounded(128, ge=1)
+    """Hidden size of each block's SwiGLU MLP."""
+    vocab_size: int = bounded(256, ge=2)
+    """Token vocabulary."""
+    tie_embeddings: bool = False
+    """Share the token embedding with the output projection."""
+    norm_eps: float = bounded(1e-5, gt=0)
+    """RMSNorm epsilon."""
     layer_order: Optional[list[int]] = None
-    """The blocks' call order in forward (transformer, mlp_stack), repeats allowed: [0, 0, 1] runs
-    block 0 twice (a module used several times in one forward); null = each block once, in order."""
+    """The blocks' call order in forward, repeats allowed: [0, 0, 1] runs block 0 twice (a module used
+    several times in one forward); null = each block once, in order."""
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    name: str = "mlp"
+    dim: int = bounded(16, ge=1)
+    """Input features, which are also the output classes."""
+    ffn_dim: int = bounded(64, ge=1)
+    """Hidden units; odd sizes allowed (uneven shards)."""
+
+
+@dataclass
+class MLPStackConfig(MLPConfig):
+    name: str = "mlp_stack"
+    n_layers: int = bounded(3, ge=1)
+    """MLPs in sequence, each a block."""
+    layer_order: Optional[list[int]] = None
+    """The blocks' call order in forward, repeats allowed; null = each block once, in order."""
+
+
+@dataclass
+class ConvNetConfig(ModelConfig):
+    name: str = "convnet"
+    dim: int = bounded(16, ge=1)
+    """Channels of every conv block."""
+    n_layers: int = bounded(3, ge=1)
+    """Conv blocks."""
+    vocab_size: int = bounded(10, ge=2)
+    """Output classes."""
+    image_size: int = bounded(16, ge=1)
+    """Square input side in pixels."""
+
+
+@dataclass
+class UnusedInputConfig(ModelConfig):
+    name: str = "unused_input"
+    dim: int = bounded(4, ge=1)
+    """Features in and out of each of the three linears."""
+
+
+@dataclass
+class MultiTraversalConfig(ModelConfig):
+    name: str = "multi_traversal"
+    dim: int = bounded(5, ge=1)
+    """Features in and out of each linear."""
+    n_layers: int = bounded(10, ge=1)
+    """Iterations of the forward's loop (each runs layer_with_grad twice)."""
+
+
+@dataclass
+class ViTConfig(ModelConfig):
+    name: str = "vit"
+    dim: int = bounded(16, ge=1)
+    """Patch embedding width."""
+    ffn_dim: int = bounded(32, ge=1)
+    """Hidden units of the encoder's MLP."""
+    vocab_size: int = bounded(10, ge=2)
+    """Output classes."""
+    image_size: int = bounded(16, ge=4)
+    """Square input side in pixels (patches of 4)."""
+
+
+@dataclass
+class CustomConfig(ModelConfig):
+    name: str = "custom"
+    build: dict[str, Any] = field(default_factory=dict)
+    """Hydra instantiate node: `_target_` (an importable nn.Module class or a function returning one)
+    and its keyword arguments. The module maps the inputs to logits."""
+    blocks: Optional[str] = None
+    """Dotted attribute path to the repeated blocks (an nn.ModuleList or list of modules), e.g.
+    transformer.h; null = no blocks (the root is the only FSDP unit)."""
+    inputs: str = choice("tokens", "tokens", "features")
+    """tokens: int ids < vocab_size of shape (batch, train.seq_len), logits (batch, seq, vocab), next-token
+    targets; features: floats of shape (batch, *features), logits (batch, classes), class targets."""
+    vocab_size: int = bounded(256, ge=2)
+    """For inputs=tokens: the vocabulary."""
+    features: list[int] = field(default_factory=lambda: [16])
+    """For inputs=features: the shape of one sample."""
+    classes: int = bounded(16, ge=2)
+    """For inputs=features: the classes the logits score."""
+
+
+@dataclass
+class HFConfig(ModelConfig):
+    name: str = "hf"
+    model_type: Optional[str] = None
+    """A transformers model_type (llama, qwen2, mistral, gemma, gpt_neox, ...): its config's defaults,
+    with model.config on top."""
+    config_path: Optional[str] = None
+    """Instead of model_type: a local directory (or config.json) of a checkpoint; no weights are read."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the transformers config (hidden_size, num_hidden_layers, ...)."""
 
 
 @dataclass
@@ -290,7 +387,7 @@ class TrainConfig:
     microbatches: int = bounded(1, ge=1)
     """Forward/backward passes per optimizer step; must divide batch_size."""
     seq_len: int = bounded(32, ge=1)
-    """Tokens per sample (transformer); features per sample for MLPs are model.dim."""
+    """Tokens per sample (models with token inputs)."""
     seed: int = bounded(0, ge=0)
     """Seeds the weights (same on every rank) and the data (per step and data-parallel rank)."""
     deterministic: bool = False
@@ -402,18 +499,38 @@ class RunConfig:
 
 
 def register_schema() -> None:
-    """Make `run_schema` available to conf/config.yaml's defaults list."""
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    """Make `run_schema` available to conf/config.yaml's defaults list, and each model family's config
+    as `/schema/model/NAME` to its conf/model/NAME.yaml."""
+    from fsdp_lab.models import SPECS  # the models import this module
+
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    for name, spec in SPECS.items():
+        store.store(group="schema/model", name=name, node=_model_schema(spec.config))
+
+
+def _model_schema(config: type) -> DictConfig:
+    """The family's structured config; its dict fields (a transformers config, a Hydra instantiate
+    node) take new keys without `+`, as `model.config.hidden_size=256`."""
+    node = OmegaConf.structured(config)
+    for f in fields(config):
+        if isinstance(getattr(config(), f.name), dict):
+            OmegaConf.set_struct(node[f.name], False)
+    return node
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:
     """The composed DictConfig as a typed RunConfig, every interpolation resolved.
 
-    Merging onto the schema again catches keys that Hydra lets through with `+key=` overrides."""
+    Merging onto the schema again (the model's family config for `model`) catches keys that Hydra
+    lets through with `+key=` overrides."""
+    from fsdp_lab.models import model_spec
+
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("hydra", None)
+    family = model_spec(plain.get("model", {}).get("name", ModelConfig.name)).config
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), plain)
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), {"model": _model_schema(family)}, plain)
     except Exception as e:  # omegaconf's errors span lines; the first names the key and value
         raise ConfigError(str(e).splitlines()[0]) from None
     run = OmegaConf.to_object(merged)

@@ -16,9 +16,9 @@ from fsdp_lab.config import ConfigError, FSDPConfig, MeshConfig, RunConfig, to_r
 from fsdp_lab.dist import default_world_size, is_rank_process, resolve_device_type
 from fsdp_lab.freeze import frozen_names, mixed_units
 from fsdp_lab.mesh import ParallelDims
-from fsdp_lab.models import build_model
-from fsdp_lab.parallel.pipeline import MULTI_STAGE_SCHEDULES, STAGE_TYPES, stages_per_rank
-from fsdp_lab.parallel.tp import TP_PLANS
+from fsdp_lab.models import SPECS, build_meta, count_params, model_spec
+from fsdp_lab.models.spec import ModelSpec
+from fsdp_lab.parallel.pipeline import MULTI_STAGE_SCHEDULES, stages_per_rank
 from fsdp_lab.parallel.wrap import wrap_units
 from fsdp_lab.probes.registry import check_probes
 
@@ -105,16 +105,18 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     t = run.train
     if t.batch_size % t.microbatches:
         raise ConfigError(f"train.microbatches={t.microbatches}: must divide train.batch_size={t.batch_size}")
-    if run.model.name == "transformer" and run.model.dim % run.model.n_heads:
-        raise ConfigError(f"model.n_heads={run.model.n_heads}: must divide model.dim={run.model.dim}")
-    _check_fsdp(run, dims, device_type)
+    family = model_spec(run.model.name)
+    model = build_meta(run.model)  # parameters on meta: shapes and structure, no memory
+    _check_fsdp(run, dims, device_type, family)
     _check_accum(run, dims)
-    _check_tp(run, dims)
-    _check_pp(run, dims)
-    _check_ac(run)
+    _check_tp(run, dims, family)
+    _check_pp(run, dims, family, model)
+    _check_ac(run, family)
     _check_checkpoint(run)
-    _check_freeze(run)
-    _check_module_calls(run, dims, device_type)
+    _check_freeze(run, model)
+    _check_module_calls(run, dims, device_type, family, model)
+    family.check(run.model, run, dims, model)
+    _check_parity_fits(run, dims, device_type, count_params(model))
     for spec in run.checks:
         parse_check(spec)
     check_probes(run, dims)
@@ -140,6 +142,37 @@ def _check_corrupt_grad(run: RunConfig) -> None:
     names = [name for name, m in model.named_modules() if name and any(True for _ in m.parameters())]
     if f.module not in names:
         raise ConfigError(f"fault.module={f.module}: not a module with parameters of model.name={run.model.name}; allowed: a module holding parameters, e.g. {names[0]}, {names[-1]}")
+
+
+# What the parity reference holds per parameter: fp32 weight, gradient and two optimizer states.
+REFERENCE_BYTES_PER_PARAM = 16
+
+
+def _check_parity_fits(run: RunConfig, dims: ParallelDims, device_type: str, n_params: int) -> None:
+    """The parity reference is the whole model on every rank, by nature: refuse what cannot fit."""
+    if not run.probes.parity.enabled or run.mode != "train":
+        return
+    need = n_params * REFERENCE_BYTES_PER_PARAM
+    if device_type == "cuda":
+        have, where = torch.cuda.get_device_properties(0).total_memory, "one GPU's memory"
+    else:
+        need *= dims.world_size  # every rank's reference shares this host
+        have, where = _host_available(), f"this host's available memory, for {dims.world_size} ranks"
+    if have is not None and need > have:
+        raise ConfigError(
+            f"probes.parity.enabled=true: the parity reference holds the whole model ({n_params / 1e9:.2f}B parameters) "
+            f"on every rank, {need / 2**30:.0f} GiB with its gradients and optimizer state, more than {where} "
+            f"({have / 2**30:.0f} GiB); allowed: probes.parity.enabled=false"
+        )
+
+
+def _host_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def _check_accum(run: RunConfig, dims: ParallelDims) -> None:
@@ -223,7 +256,7 @@ def _check_fsdp1(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
         raise ConfigError("model.compile=true with mesh.engine=fsdp1: needs fsdp.use_orig_params=true")
 
 
-def _check_fsdp(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
+def _check_fsdp(run: RunConfig, dims: ParallelDims, device_type: str, spec: ModelSpec) -> None:
     _check_engine(run, dims, device_type)
     f = run.fsdp
     raf = f.reshard_after_forward
@@ -237,48 +270,48 @@ def _check_fsdp(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
         for key in ("param_dtype", "reduce_dtype"):
             if getattr(f, key) == "float16":
                 raise ConfigError(f"fsdp.{key}=float16: not supported on CPU; allowed here: float32, bfloat16, null")
-    if run.wrap.policy == "linear" and run.model.tie_embeddings:
+    if run.wrap.policy == "linear" and spec.tied(run.model):
         raise ConfigError(
-            "wrap.policy=linear with model.tie_embeddings=true: the tied weight would sit in two FSDP units; "
+            f"wrap.policy=linear with {spec.tied_key}=true: the tied weight would sit in two FSDP units; "
             "allowed: wrap.policy=block|root|size"
         )
 
 
-def _check_tp(run: RunConfig, dims: ParallelDims) -> None:
+def _with(capability: str) -> str:
+    """The model families that have `capability` (a ModelSpec field)."""
+    return ", ".join(sorted(name for name, spec in SPECS.items() if getattr(spec, capability)))
+
+
+def _check_tp(run: RunConfig, dims: ParallelDims, spec: ModelSpec) -> None:
     tp, model = dims.tp, run.model
     if not dims.tp_enabled:
         return
     if run.mesh.engine != "fsdp2":
         raise ConfigError(f"mesh.engine={run.mesh.engine} with mesh.tp={tp}: tensor parallelism composes with mesh.engine=fsdp2 only")
-    if model.name not in TP_PLANS:
-        raise ConfigError(f"mesh.tp={tp}: model.name={model.name} has no tensor-parallel plan; allowed: {', '.join(sorted(TP_PLANS))}")
-    if model.name == "transformer" and model.n_heads % tp:
+    if spec.tp_plan is None:
+        raise ConfigError(f"mesh.tp={tp}: model.name={model.name} has no tensor-parallel plan; allowed: {_with('tp_plan')}")
+    if spec.tied(model):
         raise ConfigError(
-            f"mesh.tp={tp}: must divide model.n_heads={model.n_heads} (each rank computes whole heads of "
-            f"model.dim={model.dim} = {model.n_heads} heads x {model.dim // model.n_heads})"
-        )
-    if model.tie_embeddings:
-        raise ConfigError(
-            f"model.tie_embeddings=true with mesh.tp={tp}: the embedding and the output would each distribute the "
+            f"{spec.tied_key}=true with mesh.tp={tp}: the embedding and the output would each distribute the "
             "shared weight, untying it; allowed: model.tie_embeddings=false"
         )
     if run.mesh.sequence_parallel:
-        if model.name != "transformer":
-            raise ConfigError(f"mesh.sequence_parallel=true: model.name={model.name} has no sequence dimension; allowed with model.name=transformer")
+        if not spec.sequence_parallel:
+            raise ConfigError(f"mesh.sequence_parallel=true: model.name={model.name} has no sequence-parallel plan; allowed with model.name={_with('sequence_parallel')}")
         if run.train.seq_len % tp:
             raise ConfigError(f"mesh.tp={tp} with mesh.sequence_parallel=true: must divide train.seq_len={run.train.seq_len}")
 
 
-def _check_pp(run: RunConfig, dims: ParallelDims) -> None:
+def _check_pp(run: RunConfig, dims: ParallelDims, spec: ModelSpec, built) -> None:
     pp, model, m, n_mb = dims.pp, run.model, run.mesh, run.train.microbatches
     if not dims.pp_enabled:
         return
     if m.engine != "fsdp2":
         raise ConfigError(f"mesh.engine={m.engine} with mesh.pp={pp}: pipeline parallelism composes with mesh.engine=fsdp2 only")
-    if model.name not in STAGE_TYPES:
-        raise ConfigError(f"mesh.pp={pp}: model.name={model.name} cannot be split into stages; allowed: {', '.join(sorted(STAGE_TYPES))}")
-    if model.tie_embeddings:
-        raise ConfigError(f"model.tie_embeddings=true with mesh.pp={pp}: the first and last stages would share a weight; allowed: model.tie_embeddings=false")
+    if spec.pipeline_stage is None:
+        raise ConfigError(f"mesh.pp={pp}: model.name={model.name} cannot be split into stages; allowed: {_with('pipeline_stage')}")
+    if spec.tied(model):
+        raise ConfigError(f"{spec.tied_key}=true with mesh.pp={pp}: the first and last stages would share a weight; allowed: model.tie_embeddings=false")
     if run.probes.comm.enabled:
         raise ConfigError(
             f"probes.comm.enabled=true with mesh.pp={pp}: CommDebugMode's autograd hooks cannot follow a pipeline "
@@ -300,9 +333,9 @@ def _check_pp(run: RunConfig, dims: ParallelDims) -> None:
             f"mesh.pp_stages_per_rank={per_rank}: mesh.pp_schedule={m.pp_schedule} runs one stage per rank; "
             "allowed: 1, null, or mesh.pp_schedule=interleaved_1f1b"
         )
-    if model.n_layers % (pp * per_rank):
+    if len(built.blocks) % (pp * per_rank):
         raise ConfigError(
-            f"model.n_layers={model.n_layers}: must be a multiple of the pipeline stages, "
+            f"model.n_layers={len(built.blocks)}: must be a multiple of the pipeline stages, "
             f"mesh.pp={pp} x {per_rank} stages per rank (mesh.pp_stages_per_rank) = {pp * per_rank}"
         )
     if m.pp_schedule == "1f1b" and n_mb < pp:
@@ -315,30 +348,26 @@ def _check_pp(run: RunConfig, dims: ParallelDims) -> None:
         )
 
 
-def _check_module_calls(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
+def _check_module_calls(run: RunConfig, dims: ParallelDims, device_type: str, spec: ModelSpec, built) -> None:
     """Settings that call the model's modules in other ways than one forward of the whole model."""
     model, t, f = run.model, run.train, run.fsdp
-    if model.layer_order is not None:
-        if model.name not in ("transformer", "mlp_stack"):
-            raise ConfigError(f"model.layer_order={model.layer_order}: model.name={model.name} has no blocks to order; allowed with transformer, mlp_stack")
-        if not model.layer_order or not all(0 <= i < model.n_layers for i in model.layer_order):
-            raise ConfigError(f"model.layer_order={model.layer_order}: block indices in 0..{model.n_layers - 1} (model.n_layers={model.n_layers}), at least one")
-        if run.probes.comm.enabled and len(set(model.layer_order)) < len(model.layer_order):
+    n_blocks = len(built.blocks)
+    layer_order = getattr(model, "layer_order", None)  # a field of the families whose forward follows it
+    if layer_order is not None:
+        if not layer_order or not all(0 <= i < n_blocks for i in layer_order):
+            raise ConfigError(f"model.layer_order={layer_order}: block indices in 0..{n_blocks - 1} (model.n_layers={n_blocks}), at least one")
+        if run.probes.comm.enabled and len(set(layer_order)) < len(layer_order):
             # CommDebugMode's module tracker loses its place when a module's forward runs a second time (IndexError).
-            raise ConfigError(f"probes.comm.enabled=true with model.layer_order={model.layer_order}: CommDebugMode cannot follow a block called twice; allowed: probes.comm.enabled=false")
+            raise ConfigError(f"probes.comm.enabled=true with model.layer_order={layer_order}: CommDebugMode cannot follow a block called twice; allowed: probes.comm.enabled=false")
     if t.standalone_layer is not None:
-        if model.name != "mlp_stack":
-            raise ConfigError(f"train.standalone_layer={t.standalone_layer}: needs a block that takes the model's inputs and returns logits; allowed with model.name=mlp_stack")
-        if not 0 <= t.standalone_layer < model.n_layers:
-            raise ConfigError(f"train.standalone_layer={t.standalone_layer}: a block index in 0..{model.n_layers - 1} (model.n_layers={model.n_layers})")
+        if not spec.standalone_block:
+            raise ConfigError(f"train.standalone_layer={t.standalone_layer}: needs a block that takes the model's inputs and returns logits; allowed with model.name={_with('standalone_block')}")
+        if not 0 <= t.standalone_layer < n_blocks:
+            raise ConfigError(f"train.standalone_layer={t.standalone_layer}: a block index in 0..{n_blocks - 1} (model.n_layers={n_blocks})")
         if run.mesh.engine == "fsdp1":
             raise ConfigError(f"train.standalone_layer={t.standalone_layer} with mesh.engine=fsdp1: an inner FSDP1 unit cannot run alone; allowed: mesh.engine=fsdp2|ddp")
-    if model.name == "vit" and run.mesh.engine == "fsdp1":
-        raise ConfigError("model.name=vit with mesh.engine=fsdp1: FSDP1 unshards a unit around forward only, not around encoder.forward_features; allowed: mesh.engine=fsdp2|ddp")
-    if model.name == "vit" and run.ac.mode != "none":
-        raise ConfigError(f"ac.mode={run.ac.mode} with model.name=vit: its encoder runs through forward_features, which activation checkpointing does not wrap; allowed: ac=none")
     if dims.pp_enabled:
-        for key, value in (("model.layer_order", model.layer_order), ("train.standalone_layer", t.standalone_layer),
+        for key, value in (("model.layer_order", layer_order), ("train.standalone_layer", t.standalone_layer),
                            ("fsdp.cast_after_sharding", f.cast_after_sharding), ("fsdp.post_optim_event", f.post_optim_event or None)):
             if value is not None:
                 raise ConfigError(f"{key}={_show(value)} with mesh.pp={dims.pp}: pipeline stages run the blocks in order, once, and own their optimizer hooks; allowed with mesh.pp=1")
@@ -346,8 +375,13 @@ def _check_module_calls(run: RunConfig, dims: ParallelDims, device_type: str) ->
         raise ConfigError("fsdp.cast_after_sharding=float16: not supported on CPU; allowed here: float64, float32, bfloat16, null")
 
 
-def _check_ac(run: RunConfig) -> None:
+def _check_ac(run: RunConfig, spec: ModelSpec) -> None:
     ac = run.ac
+    if ac.impl == "manual" and ac.mode != "none" and not spec.manual_ac:
+        raise ConfigError(
+            f"ac.impl=manual with model.name={run.model.name}: its forward does not call its blocks through "
+            "fsdp_lab.models.blocks.call_block; allowed: ac.impl=composable|utils|wrapper|outer_wrapper"
+        )
     if ac.impl == "outer_wrapper" and ac.mode != "none" and run.mesh.engine == "ddp":
         raise ConfigError(
             "ac.impl=outer_wrapper with mesh.engine=ddp: it wraps the blocks FSDP made units of, and DDP makes none; "
@@ -363,14 +397,9 @@ def _check_ac(run: RunConfig) -> None:
             f"(ac=full, or ac=selective with ac.selective=layer), not ac.mode={ac.mode}"
             + (f" with ac.selective={ac.selective}" if ac.mode == "selective" else "")
         )
-    if run.model.name == "mlp_stack":
-        raise ConfigError(
-            "ac.reentrant=true with model=mlp_stack: its first block takes the raw inputs, which need no "
-            "gradient, so reentrant checkpointing would drop that block's gradients; allowed: ac.reentrant=false"
-        )
 
 
-def _check_freeze(run: RunConfig) -> None:
+def _check_freeze(run: RunConfig, model) -> None:
     pattern = run.model.freeze
     if pattern is None:
         return
@@ -378,8 +407,6 @@ def _check_freeze(run: RunConfig) -> None:
         re.compile(pattern)
     except re.error as e:
         raise ConfigError(f"model.freeze={pattern}: not a regular expression ({e})") from None
-    with torch.device("meta"):  # names and shapes only: no memory, whatever the model's size
-        model = build_model(run.model, run.train.seed)
     names, frozen = [n for n, _ in model.named_parameters()], frozen_names(model, pattern)
     if not frozen or len(frozen) == len(names):
         raise ConfigError(

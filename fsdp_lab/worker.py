@@ -5,6 +5,7 @@ own failure so the launcher can name it."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import signal
@@ -27,7 +28,7 @@ from fsdp_lab.dist import DistContext, init_distributed, resolve_device_type, se
 from fsdp_lab.fault import Faults
 from fsdp_lab.freeze import freeze
 from fsdp_lab.mesh import ParallelDims
-from fsdp_lab.models import build_model, count_params
+from fsdp_lab.models import build_meta, count_params, materializer, model_spec
 from fsdp_lab.optim import Optimization
 from fsdp_lab.parallel import parallelize
 from fsdp_lab.parallel.fsdp2 import cast_after_sharding, record_post_optim_event
@@ -125,22 +126,35 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step,
     set_determinism(run.train.seed, run.train.deterministic)
     mesh, dp_mesh = dims.build_meshes(ctx.device.type)
     probes = build_probes(run, dims, ctx)
-    model = build_model(run.model, run.train.seed)
+    model = build_meta(run.model)  # parameters on meta: materialised once sharded
+    init = materializer(model, run.model, run.train.seed)
     freeze(model, run.model.freeze)  # before the probes copy it: the reference is frozen alike
-    for probe in probes:
-        probe.before_sharding(model)
+    if any(type(probe).before_sharding is not Probe.before_sharding for probe in probes):
+        # What a probe keeps of the model before sharding (the parity reference) is the whole model.
+        whole = copy.deepcopy(model)
+        materializer(whole, run.model, run.train.seed).materialise(whole, ctx.device)
+        for probe in probes:
+            probe.before_sharding(whole)
+        del whole
     n_params = count_params(model)
     # Before parallelizing: FSDP1 swaps the parameters for flat shards, which would undercount.
     flops_per_token = model.flops_per_token(run.train.seq_len)
     tokens_per_sample = model.tokens_per_sample(run.train.seq_len)
+    # FSDP1 flattens and DDP broadcasts real parameters: they get the whole model, FSDP2 only its shards.
+    shard_first = run.mesh.engine == "fsdp2"
+    if not shard_first:
+        init.materialise(model, ctx.device)
     parallelize_one = partial(parallelize, dims=dims, mesh=mesh, dp_mesh=dp_mesh, run=run, device=ctx.device)
     if dims.pp_enabled:
         model = build_pipeline(
-            model, model_cfg=run.model, mesh_cfg=run.mesh, pp_mesh=mesh["pp"], n_microbatches=run.train.microbatches,
+            model, stage_cls=model_spec(run.model.name).pipeline_stage, mesh_cfg=run.mesh, pp_mesh=mesh["pp"], n_microbatches=run.train.microbatches,
             seq_len=run.train.seq_len, device=ctx.device, loss_fn=loss_fn, parallelize_stage=parallelize_one,
         )
     else:
         model = parallelize_one(model)
+    if shard_first:
+        offload = torch.device("cpu") if run.fsdp.cpu_offload else None  # CPUOffloadPolicy keeps shards on the host
+        init.materialise(model, ctx.device, param_device=offload)
     if run.fsdp.cast_after_sharding:
         cast_after_sharding(model, getattr(torch, run.fsdp.cast_after_sharding))
     pp_group = mesh["pp"].get_group() if dims.pp_enabled else None

@@ -26,7 +26,7 @@ CATALOGUE = [
     ("train.steps=-3", "error: train.steps=-3: allowed is >= 1"),
     ("train.batch_size=0", "error: train.batch_size=0: allowed is >= 1"),
     ("train.microbatches=3", "error: train.microbatches=3: must divide train.batch_size=4"),
-    ("+model.dimm=3", "error: Key 'dimm' not in 'ModelConfig'"),
+    ("+model.dimm=3", "error: Key 'dimm' not in 'TransformerConfig'"),
     ("+fsdp.reshard=false", "error: Key 'reshard' not in 'FSDPConfig'"),
     ("mesh.engine=fsdp3", "error: mesh.engine=fsdp3: allowed are fsdp2, fsdp1, ddp"),
     ("device=tpu", "error: device=tpu: allowed are auto, cpu, cuda"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fsdp_lab.checks import CHECKS, COUNT_CHECKS, evaluate, parse
-from fsdp_lab.config import ConfigError, ModelConfig
+from fsdp_lab.config import ConfigError, MLPStackConfig
 from fsdp_lab.freeze import freeze, frozen_names, mixed_units
 from fsdp_lab.models import build_model
 
@@ -86,7 +86,7 @@ def test_evaluate_keys_verdicts_by_spec_and_parse_refuses_unknown_checks():
 
 
 def test_freeze_matches_names_and_finds_units_mixing_frozen_and_trainable():
-    model = build_model(ModelConfig(name="mlp_stack", dim=5, ffn_dim=7, n_layers=2), seed=0)
+    model = build_model(MLPStackConfig(dim=5, ffn_dim=7, n_layers=2), seed=0)
     assert frozen_names(model, "in_proj") == [f"layers.{i}.in_proj.{p}" for i in (0, 1) for p in ("weight", "bias")]
     assert mixed_units(model, list(model.layers), "in_proj") == ["layers.0", "layers.1"]
     linears = [m for layer in model.layers for m in (layer.in_proj, layer.out_proj)]

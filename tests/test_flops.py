@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from fsdp_lab.config import ModelConfig
-from fsdp_lab.models import build_model
+from fsdp_lab.models import build_model, model_spec
 
 SEQ = 16
 
 
 def flops(name: str, **fields) -> tuple[float, object]:
-    model = build_model(dataclasses.replace(ModelConfig(name=name), **fields), seed=0)
+    model = build_model(model_spec(name).config(**fields), seed=0)
     return model.flops_per_token(SEQ), model
 
 

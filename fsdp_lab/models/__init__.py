@@ -1,34 +1,48 @@
-"""Model registry. Every model is an `nn.Module` with:
-- `blocks`: the repeated units (the `block` wrap policy and activation checkpointing act on them),
-  which its forward calls through `fsdp_lab.models.blocks.call_block` (ac.impl=manual hooks in there),
-- `synthetic_batch(generator, batch_size, seq_len)`: deterministic (inputs, class targets) on CPU,
-- `tokens_per_sample(seq_len)` and `flops_per_token(seq_len)` for throughput and MFU.
-Every model returns logits and is trained with cross-entropy."""
+"""Model registry: every model family is a ModelSpec (fsdp_lab/models/spec.py), registered here by
+name. A new family is one module (its config dataclass, module and spec) plus one line in SPECS.
+
+Every model is built with its parameters on the meta device and materialised later, module by
+module, from the run's seed (fsdp_lab/models/init.py); it returns logits and trains with
+cross-entropy."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from fsdp_lab.config import ModelConfig
-from fsdp_lab.models.convnet import ConvNet
-from fsdp_lab.models.fine_tune import MultiTraversal, UnusedInput
-from fsdp_lab.models.mlp import MLP, MLPStack
-from fsdp_lab.models.transformer import Transformer
-from fsdp_lab.models.vit import ViT
+from fsdp_lab.config import ConfigError, ModelConfig
+from fsdp_lab.models import convnet, custom, fine_tune, hf, mlp, transformer_spec, vit
+from fsdp_lab.models.init import Materializer, meta_parameters
+from fsdp_lab.models.spec import ModelSpec
 
-MODELS = {
-    "mlp": MLP.from_config, "mlp_stack": MLPStack.from_config, "transformer": Transformer.from_config,
-    "convnet": ConvNet.from_config, "unused_input": UnusedInput.from_config, "multi_traversal": MultiTraversal.from_config,
-    "vit": ViT.from_config,
-}
+SPECS: dict[str, ModelSpec] = {spec.name: spec for spec in (
+    transformer_spec.SPEC, mlp.MLP_SPEC, mlp.MLP_STACK_SPEC, convnet.SPEC, fine_tune.UNUSED_INPUT_SPEC,
+    fine_tune.MULTI_TRAVERSAL_SPEC, vit.SPEC, custom.SPEC, hf.SPEC,
+)}
 
 
-def build_model(cfg: ModelConfig, seed: int) -> nn.Module:
-    """The model on CPU with weights drawn from `seed`, so every rank and the reference agree."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return MODELS[cfg.name](cfg)
+def model_spec(name: str) -> ModelSpec:
+    if name not in SPECS:
+        raise ConfigError(f"model.name={name}: allowed are {', '.join(SPECS)}")
+    return SPECS[name]
+
+
+def build_meta(cfg: ModelConfig) -> nn.Module:
+    """The model with its parameters on the meta device (no memory, no initialisation)."""
+    with meta_parameters():
+        return model_spec(cfg.name).build(cfg)
+
+
+def materializer(model: nn.Module, cfg: ModelConfig, seed: int) -> Materializer:
+    """Initialises `model` (from build_meta), or any sharded or wrapped form of it, from `seed`."""
+    return Materializer(model, seed, model_spec(cfg.name).init_module)
+
+
+def build_model(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu") -> nn.Module:
+    """The whole model on `device`, initialised from `seed` as every sharded run of it is."""
+    model = build_meta(cfg)
+    materializer(model, cfg, seed).materialise(model, torch.device(device))
+    return model
 
 
 def count_params(model: nn.Module) -> int:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fsdp_lab.config import ModelConfig
+from fsdp_lab.config import ConvNetConfig
+from fsdp_lab.models.spec import ModelSpec
 from fsdp_lab.models.blocks import call_block
 
 
@@ -22,7 +23,7 @@ class ConvNet(nn.Module):
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, n_classes))
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> ConvNet:
+    def from_config(cls, cfg: ConvNetConfig) -> ConvNet:
         return cls(cfg.dim, cfg.n_layers, cfg.vocab_size, cfg.image_size)
 
     @property
@@ -49,3 +50,6 @@ class ConvNet(nn.Module):
         pixels = self.image_size**2
         conv = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Conv2d))
         return 6.0 * (conv * pixels + self.head[-1].weight.numel())
+
+
+SPEC = ModelSpec(name="convnet", config=ConvNetConfig, build=ConvNet.from_config)

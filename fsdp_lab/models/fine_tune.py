@@ -13,9 +13,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fsdp_lab.config import ModelConfig
+from fsdp_lab.config import MultiTraversalConfig, UnusedInputConfig
 from fsdp_lab.models.blocks import call_block
 from fsdp_lab.models.mlp import MLP
+from fsdp_lab.models.spec import ModelSpec
 
 
 class LinearUnusedInput(nn.Linear):
@@ -48,7 +49,7 @@ class UnusedInput(FineTuneModel):
         self.layer2 = LinearUnusedInput(dim, dim)
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> UnusedInput:
+    def from_config(cls, cfg: UnusedInputConfig) -> UnusedInput:
         return cls(cfg.dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -67,7 +68,7 @@ class MultiTraversal(FineTuneModel):
         self.traversals = traversals
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> MultiTraversal:
+    def from_config(cls, cfg: MultiTraversalConfig) -> MultiTraversal:
         return cls(cfg.dim, cfg.n_layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,3 +78,7 @@ class MultiTraversal(FineTuneModel):
             with torch.no_grad():
                 x += call_block(self, 2, self.layer_with_grad, x)
         return x
+
+
+UNUSED_INPUT_SPEC = ModelSpec(name="unused_input", config=UnusedInputConfig, build=UnusedInput.from_config)
+MULTI_TRAVERSAL_SPEC = ModelSpec(name="multi_traversal", config=MultiTraversalConfig, build=MultiTraversal.from_config)

@@ -7,8 +7,11 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from fsdp_lab.config import ModelConfig
+from fsdp_lab.config import ConfigError, MLPConfig, MLPStackConfig
 from fsdp_lab.models.blocks import call_block, repeated_block_params
+from fsdp_lab.models.spec import ModelSpec
+from fsdp_lab.models.stage import Stage
+from fsdp_lab.models.tp_styles import mlp_pair
 
 
 class MLP(nn.Module):
@@ -18,7 +21,7 @@ class MLP(nn.Module):
         self.out_proj = nn.Linear(hidden, dim)
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> MLP:
+    def from_config(cls, cfg: MLPConfig) -> MLP:
         return cls(cfg.dim, cfg.ffn_dim)
 
     @property
@@ -49,7 +52,7 @@ class MLPStack(MLP):
         self.layer_order = list(layer_order or range(n_layers))
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> MLPStack:
+    def from_config(cls, cfg: MLPStackConfig) -> MLPStack:
         return cls(cfg.dim, cfg.ffn_dim, cfg.n_layers, cfg.layer_order)
 
     @property
@@ -67,3 +70,28 @@ class MLPStack(MLP):
 
     def flops_per_token(self, seq_len: int) -> float:
         return super().flops_per_token(seq_len) + 6.0 * repeated_block_params(self)
+
+
+class MLPStackStage(Stage):
+    def __init__(self, model: nn.Module, layer_ids: list[int], whole: nn.Module, first: bool, last: bool, seq_len: int):
+        super().__init__(model, layer_ids, whole)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.blocks):
+            x = call_block(self, i, layer, x)
+        return x
+
+
+def check_stack(cfg: MLPStackConfig, run, dims, model: nn.Module) -> None:
+    if run.ac.reentrant:
+        raise ConfigError(
+            "ac.reentrant=true with model=mlp_stack: its first block takes the raw inputs, which need no "
+            "gradient, so reentrant checkpointing would drop that block's gradients; allowed: ac.reentrant=false"
+        )
+
+
+MLP_SPEC = ModelSpec(name="mlp", config=MLPConfig, build=MLP.from_config, tp_plan=lambda cfg, sp: (mlp_pair(), {}))
+MLP_STACK_SPEC = ModelSpec(
+    name="mlp_stack", config=MLPStackConfig, build=MLPStack.from_config, tp_plan=lambda cfg, sp: ({}, mlp_pair()),
+    pipeline_stage=MLPStackStage, standalone_block=True, check=check_stack,
+)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from fsdp_lab.config import ModelConfig
+from fsdp_lab.config import TransformerConfig
 from fsdp_lab.models.blocks import call_block, repeated_block_params
 
 
@@ -69,10 +69,8 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        if cfg.dim % cfg.n_heads:
-            raise ValueError(f"model.dim={cfg.dim} is not divisible by model.n_heads={cfg.n_heads}")
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.dim // cfg.n_heads
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
@@ -84,10 +82,6 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-
-    @classmethod
-    def from_config(cls, cfg: ModelConfig) -> Transformer:
-        return cls(cfg)
 
     @property
     def blocks(self) -> list[nn.Module]:

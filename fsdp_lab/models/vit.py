@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fsdp_lab.config import ModelConfig
+from fsdp_lab.config import ConfigError, ViTConfig
+from fsdp_lab.models.spec import ModelSpec
 from fsdp_lab.models.mlp import MLP
 
 PATCH = 4
@@ -40,7 +41,7 @@ class ViT(nn.Module):
         self.head = nn.Linear(dim, n_classes)
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> ViT:
+    def from_config(cls, cfg: ViTConfig) -> ViT:
         return cls(cfg.dim, cfg.ffn_dim, cfg.vocab_size, cfg.image_size)
 
     @property
@@ -60,3 +61,13 @@ class ViT(nn.Module):
     def flops_per_token(self, seq_len: int) -> float:
         patches = (self.image_size // PATCH) ** 2
         return 6.0 * patches * sum(p.numel() for p in self.encoder.parameters()) + 6.0 * self.head.weight.numel()
+
+
+def check(cfg: ViTConfig, run, dims, model: nn.Module) -> None:
+    if run.mesh.engine == "fsdp1":
+        raise ConfigError("model.name=vit with mesh.engine=fsdp1: FSDP1 unshards a unit around forward only, not around encoder.forward_features; allowed: mesh.engine=fsdp2|ddp")
+    if run.ac.mode != "none":
+        raise ConfigError(f"ac.mode={run.ac.mode} with model.name=vit: its encoder runs through forward_features, which activation checkpointing does not wrap; allowed: ac=none")
+
+
+SPEC = ModelSpec(name="vit", config=ViTConfig, build=ViT.from_config, manual_ac=False, check=check)

@@ -11,6 +11,7 @@ from torch import nn
 
 from fsdp_lab.config import RunConfig
 from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.models import model_spec
 from fsdp_lab.parallel.ac import apply_ac
 from fsdp_lab.parallel.ddp import apply_ddp
 from fsdp_lab.parallel.fsdp1 import apply_fsdp1
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 def parallelize(model: nn.Module, dims: ParallelDims, mesh, dp_mesh, run: RunConfig, device: torch.device) -> nn.Module:
     """A whole model, or one pipeline stage of it (parallel/pipeline.py calls this per stage)."""
     if dims.tp_enabled:
-        apply_tp(model, mesh["tp"], run.model.name, run.mesh.sequence_parallel)
+        plan = model_spec(run.model.name).tp_plan(run.model, run.mesh.sequence_parallel)
+        apply_tp(model, mesh["tp"], plan, run.mesh.sequence_parallel)
     apply_ac(model, run.ac)
     if run.model.compile:
         for block in model.blocks:

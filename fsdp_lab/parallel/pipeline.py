@@ -11,6 +11,7 @@ probe compares them with the unsplit reference directly."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 
@@ -19,10 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from fsdp_lab.config import MeshConfig, ModelConfig
-from fsdp_lab.models import build_model
-from fsdp_lab.models.blocks import call_block
-from fsdp_lab.models.transformer import rotary_cos_sin
+from fsdp_lab.config import MeshConfig
 
 log = logging.getLogger(__name__)
 
@@ -34,62 +32,6 @@ def stages_per_rank(mesh: MeshConfig) -> int:
     if mesh.pp_stages_per_rank is not None:
         return mesh.pp_stages_per_rank
     return 2 if mesh.pp_schedule in MULTI_STAGE_SCHEDULES else 1
-
-
-class _Stage(nn.Module):
-    """Some of a model's layers, under the model's names, with `blocks` (for wrapping and TP) and the
-    data and throughput helpers of the whole model, which `whole` (weightless, on meta) provides."""
-
-    def __init__(self, model: nn.Module, layer_ids: list[int], whole: nn.Module):
-        super().__init__()
-        self.layers = nn.ModuleDict({str(i): model.layers[i] for i in layer_ids})
-        object.__setattr__(self, "whole", whole)  # not a submodule: its meta parameters are no one's to train
-
-    @property
-    def blocks(self) -> list[nn.Module]:
-        return list(self.layers.values())
-
-    def synthetic_batch(self, generator: torch.Generator, batch_size: int, seq_len: int):
-        return self.whole.synthetic_batch(generator, batch_size, seq_len)
-
-    def tokens_per_sample(self, seq_len: int) -> int:
-        return self.whole.tokens_per_sample(seq_len)
-
-    def flops_per_token(self, seq_len: int) -> float:
-        return self.whole.flops_per_token(seq_len)
-
-
-class TransformerStage(_Stage):
-    def __init__(self, model: nn.Module, layer_ids: list[int], whole: nn.Module, first: bool, last: bool, seq_len: int):
-        super().__init__(model, layer_ids, whole)
-        self.tok_embeddings = model.tok_embeddings if first else None
-        self.norm = model.norm if last else None
-        self.output = model.output if last else None
-        self.head_dim, self.seq_len = model.head_dim, seq_len
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        if self.tok_embeddings is not None:
-            h = self.tok_embeddings(h)
-        # From the configured length, not h: with sequence parallelism a stage receives only its shard.
-        cos, sin = rotary_cos_sin(self.seq_len, self.head_dim, h.device)
-        for i, layer in enumerate(self.blocks):
-            h = call_block(self, i, layer, h, cos, sin)
-        if self.output is not None:
-            h = self.output(self.norm(h))
-        return h
-
-
-class MLPStackStage(_Stage):
-    def __init__(self, model: nn.Module, layer_ids: list[int], whole: nn.Module, first: bool, last: bool, seq_len: int):
-        super().__init__(model, layer_ids, whole)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, layer in enumerate(self.blocks):
-            x = call_block(self, i, layer, x)
-        return x
-
-
-STAGE_TYPES = {"transformer": TransformerStage, "mlp_stack": MLPStackStage}
 
 
 class PipelinedModel(nn.Module):
@@ -127,18 +69,16 @@ class PipelinedModel(nn.Module):
 
 
 def build_pipeline(
-    model: nn.Module, *, model_cfg: ModelConfig, mesh_cfg: MeshConfig, pp_mesh, n_microbatches: int, seq_len: int,
+    model: nn.Module, *, stage_cls: type, mesh_cfg: MeshConfig, pp_mesh, n_microbatches: int, seq_len: int,
     device: torch.device, loss_fn: Callable, parallelize_stage: Callable[[nn.Module], nn.Module],
 ) -> PipelinedModel:
-    """Split `model` into this pp rank's stages, parallelize each, and schedule them."""
+    """Split `model` (parameters still on meta) into this pp rank's stages of `stage_cls` (its
+    ModelSpec's pipeline_stage), parallelize each, and schedule them."""
     pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
     per_rank = stages_per_rank(mesh_cfg)
     n_stages = pp * per_rank
-    per_stage = len(model.layers) // n_stages
-    stage_cls = STAGE_TYPES[model_cfg.name]
-
-    with torch.device("meta"):
-        whole = build_model(model_cfg, seed=0)
+    per_stage = len(model.blocks) // n_stages
+    whole = copy.deepcopy(model)  # weightless: what the stages ask of the whole model
 
     def make(stage_ids: list[int]) -> nn.Module:
         layer_ids = [i for s in stage_ids for i in range(s * per_stage, (s + 1) * per_stage)]

@@ -1,0 +1,114 @@
+"""model=hf: a Hugging Face transformers causal LM built from its config with random weights (nothing
+is downloaded): `AutoConfig.for_model(model.model_type, **model.config)` or a local config.json
+(`model.config_path`). Attention runs through torch's scaled_dot_product_attention (sdpa); the
+blocks are the decoder layers; TP follows the model's own `base_model_tp_plan`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from fsdp_lab.config import ConfigError, HFConfig
+from fsdp_lab.models.foreign import ForeignModel, TokenInputs
+from fsdp_lab.models.spec import ModelSpec, TPPlan
+
+# The styles of base_model_tp_plan the lab applies; others (e.g. replicated norms) are refused.
+TP_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+
+
+def hf_config(cfg: HFConfig):
+    """The transformers config, with sdpa attention."""
+    from transformers import AutoConfig
+
+    if (cfg.model_type is None) == (cfg.config_path is None):
+        raise ConfigError(
+            f"model.model_type={cfg.model_type}, model.config_path={cfg.config_path}: set exactly one "
+            "(a transformers model type such as llama, or a directory holding a config.json)"
+        )
+    if cfg.config_path is not None and not Path(cfg.config_path).exists():
+        raise ConfigError(f"model.config_path={cfg.config_path}: no such file or directory")
+    try:
+        if cfg.config_path is not None:
+            config = AutoConfig.from_pretrained(cfg.config_path, local_files_only=True, **cfg.config)
+        else:
+            config = AutoConfig.for_model(cfg.model_type, **cfg.config)
+    except (ValueError, OSError, KeyError) as e:
+        raise ConfigError(f"{_model_key(cfg)}: transformers cannot build its config ({str(e).splitlines()[0][:200]})") from None
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def _model_key(cfg: HFConfig) -> str:
+    return f"model.config_path={cfg.config_path}" if cfg.config_path else f"model.model_type={cfg.model_type}"
+
+
+def decoder_layers(lm: nn.Module) -> str:
+    """Path (from the causal LM) of its decoder layers: the ModuleList of its no-split modules."""
+    split = set(getattr(lm, "_no_split_modules", None) or ())
+    for name, module in lm.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) and type(module[0]).__name__ in split:
+            return name
+    lists = [name for name, m in lm.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if len(lists) != 1:
+        raise ConfigError(f"model.model_type={type(lm).__name__}: cannot tell its decoder layers among {lists}")
+    return lists[0]
+
+
+def build(cfg: HFConfig) -> ForeignModel:
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(cfg)
+    try:
+        lm = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    except ValueError as e:
+        raise ConfigError(f"{_model_key(cfg)}: not a causal LM transformers can build ({str(e).splitlines()[0][:200]})") from None
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    n_layers = config.num_hidden_layers
+
+    def attention_flops(seq_len: int) -> float:
+        # Scores and weighted sum, forward + backward (PaLM appendix B).
+        return 12.0 * n_layers * heads * head_dim * seq_len
+
+    return ForeignModel(lm, decoder_layers(lm), TokenInputs(config.vocab_size), attention_flops, call_kwargs={"use_cache": False})
+
+
+def init_module(model: nn.Module, module: nn.Module) -> None:
+    model.inner._init_weights(module)
+
+
+def tp_plan(cfg: HFConfig, sequence_parallel: bool) -> TPPlan:
+    """The block entries of base_model_tp_plan (`layers.*.self_attn.q_proj: colwise`); the embeddings
+    and the output stay replicated over tp (FSDP shards them over dp)."""
+    declared = getattr(hf_config(cfg), "base_model_tp_plan", None) or {}
+    block: dict[str, object] = {}
+    for path, style in declared.items():
+        head, star, rest = path.partition(".*.")
+        if star and style in TP_STYLES:
+            block[rest] = TP_STYLES[style]()
+    return {}, block
+
+
+def check(cfg: HFConfig, run, dims, model: ForeignModel) -> None:
+    if not dims.tp_enabled:
+        return
+    config = model.inner.config
+    declared = getattr(config, "base_model_tp_plan", None) or {}
+    if not declared:
+        raise ConfigError(f"mesh.tp={dims.tp}: {_model_key(cfg)} declares no tensor-parallel plan (base_model_tp_plan); allowed: mesh.tp=1")
+    other = sorted({style for style in declared.values() if style not in TP_STYLES})
+    if other:
+        raise ConfigError(f"mesh.tp={dims.tp}: {_model_key(cfg)}'s tensor-parallel plan uses {', '.join(other)}; the lab applies colwise and rowwise only; allowed: mesh.tp=1")
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        n = getattr(config, key, None)
+        if n and n % dims.tp:
+            raise ConfigError(f"mesh.tp={dims.tp}: must divide model.config.{key}={n} (each rank computes whole heads)")
+
+
+SPEC = ModelSpec(
+    name="hf", config=HFConfig, build=build, init_module=init_module, tp_plan=tp_plan, manual_ac=False,
+    tied=lambda cfg: bool(getattr(hf_config(cfg), "tie_word_embeddings", False)), tied_key="model.config.tie_word_embeddings",
+    check=check,
+)

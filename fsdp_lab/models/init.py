@@ -1,0 +1,111 @@
+"""Built shard by shard: a model is built with its parameters on the meta device (no memory), sharded
+(TP, FSDP), and only then materialised, one module at a time: each module's parameters are
+initialised whole on the device from a seed derived from the run's seed and the module's name, and
+this rank keeps its shard of them. The values therefore depend on neither the mesh, the engine, the
+wrapping nor the order modules are visited in: the parity reference, built unsharded the same way,
+starts from the same weights, and so does every other mesh.
+
+Buffers are built real (they are small and often computed in __init__, e.g. rotary frequencies)."""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+
+@contextlib.contextmanager
+def meta_parameters() -> Iterator[None]:
+    """Parameters registered inside go to the meta device; buffers and other tensors stay real."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+class Materializer:
+    """Remembers the model's module names before wrapping renames them (checkpoint wrappers, FSDP1,
+    DDP), then materialises the model or any wrapped form of it."""
+
+    def __init__(self, model: nn.Module, seed: int, init_module: Callable[[nn.Module, nn.Module], None]):
+        self.model, self.seed, self.init_module = model, seed, init_module
+        self.names = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
+        # A shared (tied) parameter is initialised by the first module holding it, in this order.
+        self.owner: dict[int, int] = {}
+        for m in model.modules():
+            for p in m.parameters(recurse=False):
+                self.owner.setdefault(id(p), id(m))
+
+    def module_seed(self, name: str) -> int:
+        return (self.seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63
+
+    @torch.no_grad()
+    def materialise(self, model: nn.Module, device: torch.device, *, param_device: torch.device | None = None,
+                    keep: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+        """Allocate `model`'s (possibly sharded) parameters on `param_device` (default `device`),
+        initialise them on `device`, and return a copy of the whole initial value of the parameters
+        named in `keep` (names in the unwrapped model)."""
+        buffers = {(id(m), n): b for m in model.modules() for n, b in m.named_buffers(recurse=False) if b is not None}
+        swap = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(True)  # keeps each parameter object: ties hold
+        try:
+            model.to_empty(device=param_device or device)
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(swap)
+        for m in model.modules():
+            for n in list(m._buffers):
+                if (id(m), n) in buffers:
+                    m._buffers[n] = buffers[id(m), n].to(device)
+        kept: dict[str, torch.Tensor] = {}
+        done: set[int] = set()
+        for module in model.modules():
+            name = self.names.get(id(module))
+            own = [(n, p) for n, p in module.named_parameters(recurse=False)]
+            if name is None or not own:
+                continue
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                torch.manual_seed(self.module_seed(name))
+                kept.update(self._init(module, name, own, device, done, keep))
+        return kept
+
+    def _init(self, module: nn.Module, name: str, own: list, device: torch.device, done: set[int], keep: frozenset[str]) -> dict:
+        """Swap whole-size tensors in for the module's parameters, initialise, copy each rank's shard back."""
+        whole = {}
+        for n, p in own:
+            shape = p.shape  # a DTensor's is the global shape
+            dtype = p.dtype
+            whole[n] = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=p.requires_grad)
+            module._parameters[n] = whole[n]
+        try:
+            self.init_module(self.model, module)
+        finally:
+            for n, p in own:
+                module._parameters[n] = p
+        kept = {}
+        for n, p in own:
+            # to_empty swapped the tensors into the same parameter objects: the ids of __init__ hold.
+            if self.owner.get(id(p), id(module)) != id(module) or id(p) in done:
+                continue
+            done.add(id(p))
+            full = whole[n].data
+            if isinstance(p, DTensor):
+                local = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+                p.to_local().copy_(local)
+            else:
+                p.copy_(full)
+            qualified = f"{name}.{n}" if name else n
+            if qualified in keep:
+                kept[qualified] = full.clone()
+        return kept
