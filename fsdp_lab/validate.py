@@ -293,7 +293,7 @@ def _check_tp(run: RunConfig, dims: ParallelDims, spec: ModelSpec) -> None:
     if spec.tied(model):
         raise ConfigError(
             f"{spec.tied_key}=true with mesh.tp={tp}: the embedding and the output would each distribute the "
-            "shared weight, untying it; allowed: model.tie_embeddings=false"
+            f"shared weight, untying it; allowed: {spec.tied_key}=false"
         )
     if run.mesh.sequence_parallel:
         if not spec.sequence_parallel:

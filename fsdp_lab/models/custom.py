@@ -22,9 +22,14 @@ def build(cfg: CustomConfig) -> ForeignModel:
     try:
         module = instantiate(cfg.build, _convert_="all")
     except InstantiationException as e:
-        raise ConfigError(f"model.build._target_={target}: {_first_line(e)}") from None
+        # Hydra's message ends with advice about HYDRA_FULL_ERROR; the cause is before it.
+        raise ConfigError(f"model.build._target_={target}: cannot be built ({_first_line(e).split(', set env var')[0]})") from None
     if not isinstance(module, nn.Module):
         raise ConfigError(f"model.build._target_={target}: returned a {type(module).__name__}, not an nn.Module")
+    try:
+        resolve_blocks(module, cfg.blocks)
+    except ValueError as e:
+        raise ConfigError(f"model.blocks={cfg.blocks}: {e}") from None
     inputs = TokenInputs(cfg.vocab_size) if cfg.inputs == "tokens" else FeatureInputs(tuple(cfg.features), cfg.classes)
     return ForeignModel(module, cfg.blocks, inputs)
 
@@ -34,10 +39,6 @@ def _first_line(e: Exception) -> str:
 
 
 def check(cfg: CustomConfig, run, dims, model: ForeignModel) -> None:
-    try:
-        resolve_blocks(model.inner, cfg.blocks)
-    except ValueError as e:
-        raise ConfigError(f"model.blocks={cfg.blocks}: {e}") from None
     # The lab initialises a model built on the meta device module by module, the way PyTorch does.
     for name, module in model.inner.named_modules():
         if next(module.parameters(recurse=False), None) is not None and not hasattr(module, "reset_parameters"):

@@ -35,7 +35,7 @@ def hf_config(cfg: HFConfig):
         else:
             config = AutoConfig.for_model(cfg.model_type, **cfg.config)
     except (ValueError, OSError, KeyError) as e:
-        raise ConfigError(f"{_model_key(cfg)}: transformers cannot build its config ({str(e).splitlines()[0][:200]})") from None
+        raise ConfigError(f"{_model_key(cfg)}: transformers cannot build its config ({str(e).split('. ')[0]})") from None
     config._attn_implementation = "sdpa"
     return config
 
