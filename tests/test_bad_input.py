@@ -19,6 +19,8 @@ pytestmark = pytest.mark.bad_input
 
 # (overrides, the line the user sees). Hydra's own composition errors (unknown group option, type)
 # come from Hydra and are printed by it; ours start with "error: ".
+GPT = "model=custom model.build._target_=own_models.TinyGPT +model.build.vocab=64 +model.build.dim=8 +model.build.n_layer=1"
+
 CATALOGUE = [
     ("train.steps=0", "error: train.steps=0: allowed is >= 1"),
     ("+experiment=torch_fsdp_checkpoint checkpoint=dcp", "error: checkpoint.kind=dcp with mesh.engine=fsdp1 and ac.impl=wrapper: "
@@ -75,13 +77,33 @@ CATALOGUE = [
     ("train.seq_len=0", "error: train.seq_len=0: allowed is >= 1"),
     ("probes.parity.param_every=0", "error: probes.parity.param_every=0: allowed is >= 1"),
     ("optim.momentum=1.5", "error: optim.momentum=1.5: allowed is >= 0 and <= 1"),
+    # A user's model (tests/own_models.py): model=custom and model=hf.
+    ("model=custom model.build._target_=own_models.Nope", "error: model.build._target_=own_models.Nope: cannot be built (Error locating target 'own_models.Nope')"),
+    (f"{GPT} model.blocks=layers", "error: model.blocks=layers: TinyGPT has no attribute 'layers' (its children: wte, wpe, blocks, head)"),
+    (f"{GPT} model.blocks=wte", "error: model.blocks=wte: is a Embedding, not a non-empty list of modules (nn.ModuleList)"),
+    (f"{GPT} model.blocks=blocks model.inputs=features",
+     "error: model.inputs=features: the model rejects features of shape (2, 16) (model.features=[16]): RuntimeError: Expected tensor for argument #1 'indices'"),
+    (f"{GPT} model.blocks=blocks model.vocab_size=100",
+     "error: model.inputs=tokens: for token ids < model.vocab_size=100 of shape (2, 32) the model returns logits (2, 32, 64); expected (2, 32, 100) (model.vocab_size=100)"),
+    ("model=custom model.build._target_=own_models.Scaled +model.build.dim=4 model.blocks=blocks model.inputs=features model.features=[4]",
+     "error: model.build._target_=own_models.Scaled: module (root) (Scaled) holds parameters but has no reset_parameters(), which the lab calls to initialise it from the seed"),
+    (f"{GPT} model.blocks=blocks ac=full ac.impl=manual", "error: ac.impl=manual with model.name=custom: its forward does not call its blocks through fsdp_lab.models.blocks.call_block"),
+    ("model=custom model.build._target_=own_models.TinyGPT +model.build.vocab=64 +model.build.dim=8192 +model.build.n_layer=24 model.blocks=blocks model.vocab_size=64",
+     "error: probes.parity.enabled=true: the parity reference holds the whole model (12.89B parameters) on every rank, 384 GiB with"),
+    ("model=hf", "error: model.model_type=null, model.config_path=null: set exactly one"),
+    ("model=hf model.model_type=no_such", "error: model.model_type=no_such: transformers cannot build its config (Unrecognized model identifier: no_such)"),
+    ("model=hf model.config_path=/no/such/dir", "error: model.config_path=/no/such/dir: no such file or directory"),
+    ("model=hf model.model_type=gpt2 model.config.tie_word_embeddings=false mesh=tp2d mesh.world_size=2",
+     "error: mesh.tp=2: model.model_type=gpt2 declares no tensor-parallel plan (base_model_tp_plan); allowed: mesh.tp=1"),
+    ("model=hf model.model_type=gemma mesh=tp2d mesh.world_size=2",
+     "error: model.config.tie_word_embeddings=true with mesh.tp=2: the embedding and the output would each distribute the shared weight"),
 ]
 
 
 # One of each source of refusal: the schema (unknown key, choice, limit), Hydra (type, group option), the
-# mesh, the checks of validate.py, the device.
+# mesh, the checks of validate.py, the device, a model family's build.
 THROUGH_THE_CLI = {"optim.lr=-0.1", "+model.dimm=3", "mesh.engine=fsdp3", "model.dim=abc", "model=no_such", "train.microbatches=3",
-                   "mesh.dp_shard=3 mesh.world_size=2", "device=cuda"}
+                   "mesh.dp_shard=3 mesh.world_size=2", "device=cuda", "model=hf model.model_type=no_such"}
 
 
 def refusal(prepared, overrides: str) -> str:

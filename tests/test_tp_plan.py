@@ -24,7 +24,7 @@ def tp_mesh(fake_group):
 @pytest.mark.parametrize("hidden,local", [(8, True), (7, False)], ids=["even-local", "uneven-dtensor"])
 def test_hidden_layer_output_is_local_only_where_it_splits_evenly(tp_mesh, hidden, local):
     model = build_model(MLPConfig(dim=4, ffn_dim=hidden), seed=0)
-    apply_tp(model, tp_mesh, model_spec("mlp").tp_plan(None, False), sequence_parallel=False)
+    apply_tp(model, tp_mesh, model_spec("mlp").tp_plan(None, False), name="mlp", sequence_parallel=False)
     out = model.in_proj(torch.randn(3, 4))
     assert isinstance(out, DTensor) is not local
     assert out.shape == ((3, hidden // 2) if local else (3, hidden))  # a DTensor's shape is global
@@ -33,7 +33,7 @@ def test_hidden_layer_output_is_local_only_where_it_splits_evenly(tp_mesh, hidde
 def test_every_block_of_the_transformer_plan_gets_local_hidden_outputs(tp_mesh):
     cfg = TransformerConfig(dim=8, n_heads=2, ffn_dim=12, n_layers=2, vocab_size=16)
     model = build_model(cfg, seed=0)
-    apply_tp(model, tp_mesh, model_spec("transformer").tp_plan(cfg, False), sequence_parallel=False)
+    apply_tp(model, tp_mesh, model_spec("transformer").tp_plan(cfg, False), name="transformer", sequence_parallel=False)
     x = torch.randn(1, 3, 8)
     for block in model.layers:
         for layer in (block.feed_forward.w1, block.feed_forward.w3):

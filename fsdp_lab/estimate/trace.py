@@ -23,7 +23,7 @@ from fsdp_lab.data import microbatches
 from fsdp_lab.estimate.cuda_kernels import cuda_kernels
 from fsdp_lab.estimate.fake_world import fake_world
 from fsdp_lab.mesh import ParallelDims
-from fsdp_lab.models import build_model, count_params
+from fsdp_lab.models import build_plain, count_params
 from fsdp_lab.optim import build_optimizer
 from fsdp_lab.parallel import parallelize
 from fsdp_lab.probes.memory import PhaseMemory
@@ -54,7 +54,7 @@ def trace_step(run: RunConfig, dims: ParallelDims, rank: int = 0,
     with fake_world(dims.world_size, rank), cuda_kernels():
         mesh, dp_mesh = dims.build_meshes(device.type)  # real tensors: outside the fake mode
         with FakeTensorMode():
-            model = build_model(run.model, run.train.seed)
+            model = build_plain(run.model)  # fake: the values do not matter, their sizes do
             params = count_params(model)
             model = parallelize(model, dims, mesh, dp_mesh, run, device)
             optimizer = build_optimizer(model.parameters(), run.optim, device)

@@ -27,10 +27,16 @@ def model_spec(name: str) -> ModelSpec:
     return SPECS[name]
 
 
+def build_plain(cfg: ModelConfig) -> nn.Module:
+    """The model as its family builds it, on the default device with the family's own (unseeded)
+    initialisation: for mode=estimate, whose FakeTensorMode makes every tensor fake."""
+    return model_spec(cfg.name).build(cfg)
+
+
 def build_meta(cfg: ModelConfig) -> nn.Module:
     """The model with its parameters on the meta device (no memory, no initialisation)."""
     with meta_parameters():
-        return model_spec(cfg.name).build(cfg)
+        return build_plain(cfg)
 
 
 def materializer(model: nn.Module, cfg: ModelConfig, seed: int) -> Materializer:

@@ -24,7 +24,7 @@ def hf_config(cfg: HFConfig):
 
     if (cfg.model_type is None) == (cfg.config_path is None):
         raise ConfigError(
-            f"model.model_type={cfg.model_type}, model.config_path={cfg.config_path}: set exactly one "
+            f"model.model_type={_show(cfg.model_type)}, model.config_path={_show(cfg.config_path)}: set exactly one "
             "(a transformers model type such as llama, or a directory holding a config.json)"
         )
     if cfg.config_path is not None and not Path(cfg.config_path).exists():
@@ -38,6 +38,10 @@ def hf_config(cfg: HFConfig):
         raise ConfigError(f"{_model_key(cfg)}: transformers cannot build its config ({str(e).split('. ')[0]})") from None
     config._attn_implementation = "sdpa"
     return config
+
+
+def _show(value: str | None) -> str:
+    return "null" if value is None else value
 
 
 def _model_key(cfg: HFConfig) -> str:

@@ -42,11 +42,6 @@ class Materializer:
     def __init__(self, model: nn.Module, seed: int, init_module: Callable[[nn.Module, nn.Module], None]):
         self.model, self.seed, self.init_module = model, seed, init_module
         self.names = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
-        # A shared (tied) parameter is initialised by the first module holding it, in this order.
-        self.owner: dict[int, int] = {}
-        for m in model.modules():
-            for p in m.parameters(recurse=False):
-                self.owner.setdefault(id(p), id(m))
 
     def module_seed(self, name: str) -> int:
         return (self.seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63
@@ -68,8 +63,13 @@ class Materializer:
             for n in list(m._buffers):
                 if (id(m), n) in buffers:
                     m._buffers[n] = buffers[id(m), n].to(device)
+        # A shared (tied) parameter is initialised by the first module holding it (sharding keeps
+        # one parameter object for all of them; to_empty swapped tensors into the same objects).
+        owner: dict[int, nn.Module] = {}
+        for module in model.modules():
+            for p in module.parameters(recurse=False):
+                owner.setdefault(id(p), module)
         kept: dict[str, torch.Tensor] = {}
-        done: set[int] = set()
         for module in model.modules():
             name = self.names.get(id(module))
             own = [(n, p) for n, p in module.named_parameters(recurse=False)]
@@ -77,10 +77,10 @@ class Materializer:
                 continue
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(self.module_seed(name))
-                kept.update(self._init(module, name, own, device, done, keep))
+                kept.update(self._init(module, name, own, device, owner, keep))
         return kept
 
-    def _init(self, module: nn.Module, name: str, own: list, device: torch.device, done: set[int], keep: frozenset[str]) -> dict:
+    def _init(self, module: nn.Module, name: str, own: list, device: torch.device, owner: dict, keep: frozenset[str]) -> dict:
         """Swap whole-size tensors in for the module's parameters, initialise, copy each rank's shard back."""
         whole = {}
         for n, p in own:
@@ -95,10 +95,8 @@ class Materializer:
                 module._parameters[n] = p
         kept = {}
         for n, p in own:
-            # to_empty swapped the tensors into the same parameter objects: the ids of __init__ hold.
-            if self.owner.get(id(p), id(module)) != id(module) or id(p) in done:
+            if owner[id(p)] is not module:
                 continue
-            done.add(id(p))
             full = whole[n].data
             if isinstance(p, DTensor):
                 local = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()

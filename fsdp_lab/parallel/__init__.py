@@ -26,7 +26,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh, dp_mesh, run: RunCon
     """A whole model, or one pipeline stage of it (parallel/pipeline.py calls this per stage)."""
     if dims.tp_enabled:
         plan = model_spec(run.model.name).tp_plan(run.model, run.mesh.sequence_parallel)
-        apply_tp(model, mesh["tp"], plan, run.mesh.sequence_parallel)
+        apply_tp(model, mesh["tp"], plan, name=run.model.name, sequence_parallel=run.mesh.sequence_parallel)
     apply_ac(model, run.ac)
     if run.model.compile:
         for block in model.blocks:

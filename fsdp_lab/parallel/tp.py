@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 Plan = dict[str, object]
 
 
-def apply_tp(model: nn.Module, tp_mesh, plan: TPPlan, sequence_parallel: bool) -> None:
+def apply_tp(model: nn.Module, tp_mesh, plan: TPPlan, *, name: str, sequence_parallel: bool) -> None:
+    """Apply `plan` (the model family `name`'s) to `model`'s root modules and to every block."""
     root_plan, block_plan = plan
     children = dict(model.named_children())
     root_plan = {path: style for path, style in root_plan.items() if path in children}
@@ -27,4 +28,4 @@ def apply_tp(model: nn.Module, tp_mesh, plan: TPPlan, sequence_parallel: bool) -
         parallelize_module(model, tp_mesh, root_plan)
     for block in model.blocks:
         parallelize_module(block, tp_mesh, block_plan)
-    log.info("tp: plan over %d ranks, %d blocks, sequence_parallel=%s", tp_mesh.size(), len(model.blocks), sequence_parallel)
+    log.info("tp: %s plan over %d ranks, %d blocks, sequence_parallel=%s", name, tp_mesh.size(), len(model.blocks), sequence_parallel)
