@@ -70,12 +70,12 @@ class Materializer:
             for p in module.parameters(recurse=False):
                 owner.setdefault(id(p), module)
         kept: dict[str, torch.Tensor] = {}
-        for module in model.modules():
-            name = self.names.get(id(module))
-            own = [(n, p) for n, p in module.named_parameters(recurse=False)]
-            if name is None or not own:
-                continue
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's RNG stays as it was
+            for module in model.modules():
+                name = self.names.get(id(module))
+                own = list(module.named_parameters(recurse=False))
+                if name is None or not own:
+                    continue
                 torch.manual_seed(self.module_seed(name))
                 kept.update(self._init(module, name, own, device, owner, keep))
         return kept
@@ -83,10 +83,8 @@ class Materializer:
     def _init(self, module: nn.Module, name: str, own: list, device: torch.device, owner: dict, keep: frozenset[str]) -> dict:
         """Swap whole-size tensors in for the module's parameters, initialise, copy each rank's shard back."""
         whole = {}
-        for n, p in own:
-            shape = p.shape  # a DTensor's is the global shape
-            dtype = p.dtype
-            whole[n] = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=p.requires_grad)
+        for n, p in own:  # a DTensor's shape is the global one
+            whole[n] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device), requires_grad=p.requires_grad)
             module._parameters[n] = whole[n]
         try:
             self.init_module(self.model, module)
