@@ -77,6 +77,7 @@ CATALOGUE = [
     ("train.seq_len=0", "error: train.seq_len=0: allowed is >= 1"),
     ("probes.parity.param_every=0", "error: probes.parity.param_every=0: allowed is >= 1"),
     ("optim.momentum=1.5", "error: optim.momentum=1.5: allowed is >= 0 and <= 1"),
+    ("model=mlp model.layer_order=[0]", "Key 'layer_order' not in 'MLPConfig'"),  # each family has its own fields
     # A user's model (tests/own_models.py): model=custom and model=hf.
     ("model=custom model.build._target_=own_models.Nope", "error: model.build._target_=own_models.Nope: cannot be built (Error locating target 'own_models.Nope')"),
     (f"{GPT} model.blocks=layers", "error: model.blocks=layers: TinyGPT has no attribute 'layers' (its children: wte, wpe, blocks, head)"),

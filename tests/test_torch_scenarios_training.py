@@ -100,7 +100,6 @@ def test_2d_checkpoint_resume_ends_bitwise_like_an_uninterrupted_run(resume_pair
 
 REFUSALS = [
     (("model=mlp_stack", "model.layer_order=[0,3]"), "model.layer_order=[0, 3]: block indices in 0..2 (model.n_layers=3)"),
-    (("model=mlp", "model.layer_order=[0]"), "model.layer_order=[0]: model.name=mlp has no blocks to order"),
     (("model=mlp_stack", "model.layer_order=[0,0,1]", "probes.comm.enabled=true"),
      "probes.comm.enabled=true with model.layer_order=[0, 0, 1]: CommDebugMode cannot follow a block called twice"),
     (("train.standalone_layer=0",), "train.standalone_layer=0: needs a block that takes the model's inputs and returns logits"),
