@@ -222,10 +222,9 @@ class ModelFacts:
 
 def model_facts(run: RunConfig) -> ModelFacts:
     """What the plan needs to know of the model, from an instance on the meta device."""
-    from fsdp_lab.models import build_model
+    from fsdp_lab.models import build_meta
 
-    with torch.device("meta"):
-        model = build_model(run.model, run.train.seed)
+    model = build_meta(run.model)
     block = sum(p.numel() for n, p in model.named_parameters() if BLOCK_PARAM.search(n))
     total = sum(p.numel() for p in model.parameters())
     seq = run.train.seq_len
