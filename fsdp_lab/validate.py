@@ -154,6 +154,8 @@ def _check_parity_fits(run: RunConfig, dims: ParallelDims, device_type: str, n_p
         return
     need = n_params * REFERENCE_BYTES_PER_PARAM
     if device_type == "cuda":
+        if not torch.cuda.is_available():  # a run checked for GPUs elsewhere (mode=plan): theirs are unknown here
+            return
         have, where = torch.cuda.get_device_properties(0).total_memory, "one GPU's memory"
     else:
         need *= dims.world_size  # every rank's reference shares this host
