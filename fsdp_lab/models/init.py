@@ -47,11 +47,9 @@ class Materializer:
         return (self.seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63
 
     @torch.no_grad()
-    def materialise(self, model: nn.Module, device: torch.device, *, param_device: torch.device | None = None,
-                    keep: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
-        """Allocate `model`'s (possibly sharded) parameters on `param_device` (default `device`),
-        initialise them on `device`, and return a copy of the whole initial value of the parameters
-        named in `keep` (names in the unwrapped model)."""
+    def materialise(self, model: nn.Module, device: torch.device, *, param_device: torch.device | None = None) -> None:
+        """Allocate `model`'s (possibly sharded) parameters on `param_device` (default `device`) and
+        initialise them on `device`."""
         buffers = {(id(m), n): b for m in model.modules() for n, b in m.named_buffers(recurse=False) if b is not None}
         swap = torch.__future__.get_swap_module_params_on_conversion()
         torch.__future__.set_swap_module_params_on_conversion(True)  # keeps each parameter object: ties hold
@@ -69,7 +67,6 @@ class Materializer:
         for module in model.modules():
             for p in module.parameters(recurse=False):
                 owner.setdefault(id(p), module)
-        kept: dict[str, torch.Tensor] = {}
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's RNG stays as it was
             for module in model.modules():
                 name = self.names.get(id(module))
@@ -77,10 +74,9 @@ class Materializer:
                 if name is None or not own:
                     continue
                 torch.manual_seed(self.module_seed(name))
-                kept.update(self._init(module, name, own, device, owner, keep))
-        return kept
+                self._init(module, own, device, owner)
 
-    def _init(self, module: nn.Module, name: str, own: list, device: torch.device, owner: dict, keep: frozenset[str]) -> dict:
+    def _init(self, module: nn.Module, own: list, device: torch.device, owner: dict) -> None:
         """Swap whole-size tensors in for the module's parameters, initialise, copy each rank's shard back."""
         whole = {}
         for n, p in own:  # a DTensor's shape is the global one
@@ -91,7 +87,6 @@ class Materializer:
         finally:
             for n, p in own:
                 module._parameters[n] = p
-        kept = {}
         for n, p in own:
             if owner[id(p)] is not module:
                 continue
@@ -101,7 +96,3 @@ class Materializer:
                 p.to_local().copy_(local)
             else:
                 p.copy_(full)
-            qualified = f"{name}.{n}" if name else n
-            if qualified in keep:
-                kept[qualified] = full.clone()
-        return kept
