@@ -137,8 +137,7 @@ def _check_corrupt_grad(run: RunConfig) -> None:
         raise ConfigError(f"fault.phase={f.phase} with fault.kind=corrupt_grad: gradients exist during a step; allowed: step")
     if run.mesh.engine == "fsdp1" and not run.fsdp.use_orig_params:
         raise ConfigError("fault.kind=corrupt_grad with mesh.engine=fsdp1: its modules' gradients live in flat parameters; allowed with fsdp.use_orig_params=true")
-    with torch.device("meta"):
-        model = build_model(run.model, run.train.seed)
+    model = build_meta(run.model)
     names = [name for name, m in model.named_modules() if name and any(True for _ in m.parameters())]
     if f.module not in names:
         raise ConfigError(f"fault.module={f.module}: not a module with parameters of model.name={run.model.name}; allowed: a module holding parameters, e.g. {names[0]}, {names[-1]}")
