@@ -291,7 +291,7 @@ class Checkpointer:
             "world_size": dist.get_world_size(),
             "mesh": asdict(self.run.mesh),
             "model": asdict(self.run.model),
-            "data": {"seed": self.run.train.seed, "next_step": step},
+            "data": {"seed": self.run.train.seed, "next_step": step, "next_sample": t.data.next_sample(step)},
             "reference": ref is not None,
             "parity": {"max_loss_abs_diff": ref.verdict.max_loss_abs_diff, "max_param_abs_diff": ref.verdict.max_param_abs_diff}
             if ref is not None else None,
@@ -325,6 +325,7 @@ class Checkpointer:
         elif self.rank == 0:
             log.info("checkpoint: saved on %d ranks, resumed on %d: RNG states not restored", meta["world_size"], dist.get_world_size())
         t.last_loss = meta["loss"]
+        t.data = t.data.resumed(meta["step"], meta["data"]["next_sample"])
         self.resumed_from = path
         if self.rank == 0:
             log.info("checkpoint: resumed from %s at step %d", path, meta["step"])

@@ -383,13 +383,16 @@ class TrainConfig:
     steps: int = bounded(20, ge=1)
     """Optimizer steps."""
     batch_size: int = bounded(4, ge=1)
-    """Samples per data-parallel rank per optimizer step."""
+    """Samples per data-parallel rank per optimizer step (derived from global_batch_size when that is set)."""
+    global_batch_size: Optional[int] = bounded(None, ge=1)
+    """Samples per optimizer step over all data-parallel ranks; set, each rank takes
+    global_batch_size / (mesh.dp_replicate x mesh.dp_shard) of them as its train.batch_size."""
     microbatches: int = bounded(1, ge=1)
     """Forward/backward passes per optimizer step; must divide batch_size."""
     seq_len: int = bounded(32, ge=1)
     """Tokens per sample (models with token inputs)."""
-    seed: int = bounded(0, ge=0)
-    """Seeds the weights (same on every rank) and the data (per step and data-parallel rank)."""
+    seed: int = bounded(0, ge=0, le=2**23 - 1)
+    """Seeds the weights (same on every rank) and the data (each sample by its global index)."""
     deterministic: bool = False
     """Deterministic GPU kernels (torch.use_deterministic_algorithms): repeatable runs, slower steps."""
     accum: AccumConfig = field(default_factory=AccumConfig)

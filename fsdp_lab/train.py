@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from fsdp_lab.accum import Accumulation
 from fsdp_lab.config import TrainConfig
-from fsdp_lab.data import microbatches
+from fsdp_lab.data import DataPosition, microbatches
 from fsdp_lab.fault import Faults
 from fsdp_lab.optim import Optimization, Optimized
 from fsdp_lab.probes.base import Probe, StepResult
@@ -40,6 +41,7 @@ class Trainer(Optimized):
         self.reference = reference
         """The parity reference, which checkpoints save and restore with the model (or None)."""
         self.last_loss: float | None = None
+        self.data = DataPosition(global_batch=dist.get_world_size(dp_group) * train.batch_size)
         self.activity = "setup"
         self.input_dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
 
@@ -78,7 +80,7 @@ class Trainer(Optimized):
         cfg = self.train
         return microbatches(
             unwrap(self.model),
-            seed=cfg.seed, step=step, dp_rank=self.dp_rank, batch_size=cfg.batch_size,
+            seed=cfg.seed, first_sample=self.data.next_sample(step) + self.dp_rank * cfg.batch_size, batch_size=cfg.batch_size,
             seq_len=cfg.seq_len, n=cfg.microbatches, device=self.device, dtype=self.input_dtype,
         )
 

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from fsdp_lab.checkpoint import CheckpointError, check_compatible, verify
 from fsdp_lab.checks import parse as parse_check
-from fsdp_lab.config import ConfigError, FSDPConfig, MeshConfig, RunConfig, to_run_config
+from fsdp_lab.config import ConfigError, FSDPConfig, MeshConfig, RunConfig, TrainConfig, to_run_config
 from fsdp_lab.dist import default_world_size, is_rank_process, resolve_device_type
 from fsdp_lab.freeze import frozen_names, mixed_units
 from fsdp_lab.mesh import ParallelDims
@@ -35,6 +35,7 @@ def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
         pp=run.mesh.pp, dp_replicate=run.mesh.dp_replicate, dp_shard=run.mesh.dp_shard, tp=run.mesh.tp,
         world_size=_world_size(run, device_type),
     )
+    derive_batch_size(run.train, dims)
     check_run(run, dims, device_type)
     return run, dims
 
@@ -49,6 +50,7 @@ def _prepare_estimate(run: RunConfig) -> tuple[RunConfig, ParallelDims]:
         pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, world_size=requested_world_size(m, m.world_size),
     )
     check_estimable(run)  # first: what cannot be estimated at all says so before finer checks
+    derive_batch_size(run.train, dims)
     check_run(run, dims, "cuda")
     return run, dims
 
@@ -99,6 +101,18 @@ def requested_world_size(m: MeshConfig, default: int) -> int:
             f"dp_shard={m.dp_shard} x tp={m.tp} = {world}"
         )
     return world
+
+
+def derive_batch_size(t: TrainConfig, dims: ParallelDims) -> None:
+    """train.global_batch_size, when set, decides the per-rank train.batch_size."""
+    if t.global_batch_size is None:
+        return
+    if t.global_batch_size % dims.dp:
+        raise ConfigError(
+            f"train.global_batch_size={t.global_batch_size}: must be a multiple of the data-parallel size "
+            f"{dims.dp} (mesh.dp_replicate={dims.dp_replicate} x mesh.dp_shard={dims.dp_shard})"
+        )
+    t.batch_size = t.global_batch_size // dims.dp
 
 
 def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:

@@ -42,7 +42,7 @@ def test_saves_every_interval_and_at_the_end_keeping_the_last_ones(uninterrupted
     assert [p.name for p in found] == [step_dir_name(3), step_dir_name(6)]
     meta = verify(found[-1])
     assert meta["step"] == 6 and meta["loss"] == losses(uninterrupted)[-1] and meta["reference"]
-    assert meta["data"] == {"seed": 0, "next_step": 6}
+    assert meta["data"] == {"seed": 0, "next_step": 6, "next_sample": 6 * 2 * 4}, "6 steps of 2 ranks x 4 samples"
     assert {"rng/rank0.pt", "rng/rank1.pt", ".metadata"} <= set(meta["manifest"])
     assert all(len(entry["crc32"]) == 8 for entry in meta["manifest"].values())
     assert uninterrupted.summary["checkpoint"]["last_saved"] == str(found[-1])
@@ -154,19 +154,20 @@ def test_auto_resume_passes_over_a_damaged_checkpoint_to_the_newest_intact_one(u
 
 
 @pytest.mark.slow
-def test_resume_on_another_mesh_and_back(tmp_path):
-    """Save on FSDP over 4 ranks, resume on HSDP 2x2, save there, resume on FSDP again: DCP reshards."""
+def test_resume_on_another_mesh_and_another_data_parallel_size(tmp_path):
+    """Save on FSDP over 4 ranks (dp 4), resume on HSDP 2x2, save there, resume on dp 2 x tp 2 with
+    the same global batch: DCP reshards, and the data continues where the uninterrupted run was."""
     four = ("mesh.world_size=4", "train.steps=4", "checkpoint.interval=1", "checkpoint.keep=4")
     hsdp = ("mesh.dp_replicate=2", "mesh.dp_shard=2")
     fsdp = ok(lab(*four, run_dir=tmp_path / "fsdp"))
     on_hsdp = ok(lab(*four, *hsdp, f"checkpoint.resume={tmp_path / 'fsdp' / 'checkpoints' / step_dir_name(2)}", run_dir=tmp_path / "hsdp"))
-    back = ok(lab(*four, f"checkpoint.resume={tmp_path / 'hsdp' / 'checkpoints' / step_dir_name(3)}", run_dir=tmp_path / "back"))
-    assert on_hsdp.summary["mesh"]["dp_replicate"] == 2 and back.summary["mesh"]["dp_shard"] == 4
-    assert [r["step"] for r in on_hsdp.metrics] == [3, 4] and [r["step"] for r in back.metrics] == [4]
+    on_tp = ok(lab(*four, "mesh.tp=2", "train.global_batch_size=16", f"checkpoint.resume={tmp_path / 'hsdp' / 'checkpoints' / step_dir_name(3)}", run_dir=tmp_path / "tp"))
+    assert on_hsdp.summary["mesh"]["dp_replicate"] == 2 and on_tp.summary["mesh"]["tp"] == 2 and on_tp.summary["mesh"]["dp_shard"] == 2
+    assert [r["step"] for r in on_hsdp.metrics] == [3, 4] and [r["step"] for r in on_tp.metrics] == [4]
     expected = losses(fsdp)
     assert losses(on_hsdp) == pytest.approx(expected[2:], abs=1e-5)
-    assert losses(back) == pytest.approx(expected[3:], abs=1e-5)
-    print("cross-mesh losses: fsdp", expected, "hsdp from step 2", losses(on_hsdp), "fsdp from hsdp step 3", losses(back))
+    assert losses(on_tp) == pytest.approx(expected[3:], abs=1e-5), "dp 2 x tp 2 continues with the samples of dp 4"
+    print("cross-mesh losses: fsdp", expected, "hsdp from step 2", losses(on_hsdp), "dp 2 x tp 2 from hsdp step 3", losses(on_tp))
 
 
 @pytest.mark.parametrize("override,message", [

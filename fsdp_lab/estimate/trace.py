@@ -65,7 +65,8 @@ def trace_step(run: RunConfig, dims: ParallelDims, rank: int = 0,
             dp_rank = dp_mesh.get_local_rank()
             for step in range(MEASURED_STEP):
                 batches = microbatches(
-                    unwrap(model), seed=run.train.seed, step=step, dp_rank=dp_rank, batch_size=run.train.batch_size,
+                    unwrap(model), seed=run.train.seed, batch_size=run.train.batch_size,
+                    first_sample=(step * dims.dp + dp_rank) * run.train.batch_size,
                     seq_len=run.train.seq_len, n=run.train.microbatches, device=device, dtype=dtype,
                 )
                 if step + 1 < MEASURED_STEP:
