@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import cloudpickle
 from hydra.core.singleton import Singleton
@@ -231,6 +231,19 @@ def launch_slurm(launcher, base_launch, job_overrides: Sequence[Sequence[str]], 
     ]
     finish_sweep(sweep_dir, rows, returns)
     return returns
+
+
+def run_slurm_rank(call: Callable[[], JobReturn]) -> JobReturn:
+    """This SLURM task as its rank of the job. SLURM stops a job's tasks with SIGTERM to requeue,
+    preempt or cancel it: such a task ends without a result, so that submitit waits for the requeued
+    job instead of reporting the stopped one as failed."""
+    from fsdp_lab.worker import Terminated
+
+    become_slurm_rank()
+    ret = call()
+    if ret.status is JobStatus.FAILED and isinstance(ret._return_value, Terminated):
+        raise SystemExit(f"stopped by SLURM: {ret._return_value}")
+    return ret
 
 
 def become_slurm_rank() -> None:

@@ -4,6 +4,7 @@ Each job is submitted with nodes x tasks_per_node = its world size; every task b
 SLURM's environment and runs the lab's entry point, which works as that rank. On preemption or
 time-out submitit requeues the job, which resumes with `checkpoint.resume=auto`."""
 
+from functools import partial
 from typing import Any, Optional, Sequence
 
 from hydra.core.utils import JobReturn
@@ -23,10 +24,9 @@ class LabSlurmLauncher(submitit_launcher.SlurmLauncher):
         return launch_slurm(self, super().launch, job_overrides, initial_job_idx)
 
     def __call__(self, sweep_overrides, job_dir_key, job_num, job_id, singleton_state) -> JobReturn:
-        from ._core import become_slurm_rank
+        from ._core import run_slurm_rank
 
-        become_slurm_rank()
-        return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+        return run_slurm_rank(partial(super().__call__, sweep_overrides, job_dir_key, job_num, job_id, singleton_state))
 
     def checkpoint(self, sweep_overrides, *args: Any, **kwargs: Any) -> Any:
         """The requeued job resumes from the newest complete checkpoint of its run dir."""
