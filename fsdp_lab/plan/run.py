@@ -17,7 +17,7 @@ from fsdp_lab.sinks.files import write_json_atomic, write_summary
 PLAN_FILE = "plan.json"
 SUFFIX = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 # Overrides of the plan itself, or of what each candidate sets: left out of the candidates' command lines.
-OWN_KEYS = re.compile(r"^\+?(mode=|plan\.|mesh\.(pp|dp_replicate|dp_shard|tp|world_size)=|ac=|ac\.mode=|train\.(batch_size|microbatches)=|fsdp\.reshard_after_forward=)")
+OWN_KEYS = re.compile(r"^\+?(mode=|plan\.|mesh\.(pp|dp_replicate|dp_shard|tp|world_size)=|ac=|ac\.mode=|train\.(batch_size|global_batch_size|microbatches)=|fsdp\.reshard_after_forward=)")
 
 
 def global_batch_tokens(value) -> int | None:
