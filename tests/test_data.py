@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fsdp_lab.config import ConfigError, ModelConfig
+from fsdp_lab.config import ConfigError
 from fsdp_lab.data import DataPosition, microbatches
 from fsdp_lab.models import build_model
 
@@ -25,8 +25,8 @@ def step_samples(model, step: int, dp: int, position: DataPosition | None = None
 
 
 @pytest.mark.parametrize("model_name", ["transformer", "mlp"])
-def test_every_data_parallel_size_sees_the_same_samples_per_step(model_name):
-    model = build_model(ModelConfig(name=model_name, dim=16, n_layers=1, n_heads=2, ffn_dim=16), seed=0)
+def test_every_data_parallel_size_sees_the_same_samples_per_step(compose_run, model_name):
+    model = build_model(compose_run(f"model={model_name}").model, seed=0)
     for step in (0, 5):
         one = step_samples(model, step, dp=1)
         for dp in (2, 4, 8):
