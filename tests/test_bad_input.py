@@ -12,7 +12,7 @@ from dataclasses import fields, is_dataclass
 
 import pytest
 
-from fsdp_lab.config import RunConfig
+from fsdp_lab.config import ModelConfig, RunConfig
 from lab import run_lab
 
 pytestmark = pytest.mark.bad_input
@@ -134,7 +134,7 @@ def test_bad_input_is_refused_by_the_cli_before_any_rank_starts(tmp_path, overri
     assert not (tmp_path / "run").exists(), "a refused run leaves no run dir"
 
 
-# The model's fields are declared by each model family.
+# The model's fields are declared by each model family (checked family by family below).
 NOT_WALKED = {"model"}
 NUMERIC = ("int", "float", "Optional[int]", "Optional[float]")
 
@@ -163,8 +163,11 @@ BOUNDED = [(key, field_type, limits) for key, field_type, limits in schema_field
 LIMIT_CASES = [(key, value, limits) for key, field_type, limits in BOUNDED for value in out_of_range(field_type, limits)]
 
 
-def test_every_numeric_field_outside_the_model_declares_its_limits():
-    assert [key for key, field_type, limits in schema_fields() if field_type in NUMERIC and not limits] == []
+def test_every_numeric_field_declares_its_limits():
+    families = [family() for family in ModelConfig.__subclasses__()]
+    assert len(families) >= 6
+    model_fields = [(f"model.{key}", t, limits) for family in families for key, t, limits in schema_fields(family)]
+    assert [key for key, field_type, limits in schema_fields() + model_fields if field_type in NUMERIC and not limits] == []
     assert len(BOUNDED) >= 30
 
 
