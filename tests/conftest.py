@@ -54,9 +54,15 @@ def prepared(not_a_rank):
 @pytest.fixture
 def fake_group():
     """`fake_group(world_size, rank=0)`: this process as `rank` of a fake process group (collectives
-    do nothing) until the test ends: for what parallelizing builds."""
-    with ExitStack() as joined:
-        yield lambda world_size, rank=0: joined.enter_context(worlds.fake_group(world_size, rank))
+    do nothing), until the test ends or joins another: for what parallelizing builds."""
+    joined = ExitStack()
+
+    def join(world_size: int, rank: int = 0) -> None:
+        joined.close()
+        joined.enter_context(worlds.fake_group(world_size, rank))
+
+    with joined:
+        yield join
 
 
 @pytest.fixture

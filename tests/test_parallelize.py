@@ -1,0 +1,240 @@
+"""Each parallelize step (fsdp_lab/parallel/), run in process by the worker's own `build_trainer` on
+a config composed from conf/: on a fake process group, what it builds (shards, units, wrappers,
+stages, dtypes); on a real world of one rank, what activation checkpointing does to a forward.
+Without any one step, a test here fails."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper, OffloadWrapper
+from torch.distributed.fsdp import FSDPModule, ShardingStrategy
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.nn.parallel import DistributedDataParallel
+
+from fsdp_lab.data import microbatches
+from fsdp_lab.dist import DistContext
+from fsdp_lab.models import build_model, count_params
+from fsdp_lab.parallel.pipeline import PipelinedModel
+from fsdp_lab.parallel.wrap import wrap_units
+from fsdp_lab.probes.parity import unwrap
+from fsdp_lab.train import loss_fn
+from fsdp_lab.worker import build_trainer
+
+TINY = ("debug=cpu_tiny", "probes=off")  # no reference: the model under test is the only one built
+
+
+@pytest.fixture
+def built(prepared, fake_group):
+    """`built(*overrides, rank=0) -> (run, dims, model)`: the parallelized model of `rank` of the run's
+    world, which a fake group stands in for."""
+    def build(*overrides: str, rank: int = 0):
+        run, dims = prepared(*TINY, *overrides)
+        fake_group(dims.world_size, rank)
+        ctx = DistContext(rank=rank, local_rank=rank, world_size=dims.world_size, device=torch.device("cpu"))
+        return run, dims, build_trainer(run, dims, ctx, on_step=lambda row: None).model
+    return build
+
+
+def local_rows(param: nn.Parameter) -> int:
+    return param.to_local().shape[0]
+
+
+# FSDP2, FSDP1, DDP: the data-parallel engines.
+
+
+def test_fsdp2_makes_each_block_a_unit_and_shards_every_parameter_over_dp_shard(built):
+    _, _, model = built()
+    assert isinstance(model, FSDPModule) and all(isinstance(b, FSDPModule) for b in model.layers)
+    for name, p in model.named_parameters():
+        assert isinstance(p, DTensor) and p.placements == (Shard(0),), name
+        assert p.device_mesh.mesh_dim_names == ("dp_shard",) and local_rows(p) == math.ceil(p.shape[0] / 2), name
+
+
+def test_hsdp_shards_within_a_replica_and_replicates_across(built):
+    _, _, model = built("mesh=hsdp")
+    for name, p in model.named_parameters():
+        assert p.device_mesh.mesh_dim_names == ("dp_replicate", "dp_shard"), name
+        assert p.placements == (Replicate(), Shard(0)), name
+
+
+def test_fsdp2_knobs_reach_fully_shard(built):
+    _, _, model = built("fsdp.reshard_after_forward=false", "fsdp.param_dtype=bfloat16", "fsdp.forward_prefetch=1",
+                        "fsdp.backward_prefetch=1")
+    first, second = (block._get_fsdp_state() for block in model.layers)
+    group = first._fsdp_param_group
+    assert group.post_forward_mesh_info is None, "reshard_after_forward=false keeps parameters gathered"
+    assert group.mp_policy.param_dtype == torch.bfloat16
+    assert first._states_to_forward_prefetch == [second] and second._states_to_backward_prefetch == [first]
+
+
+def test_fsdp1_wraps_the_same_units_with_the_strategy_the_mesh_asks_for(built):
+    run, _, model = built("mesh.engine=fsdp1")
+    assert isinstance(model, FSDP) and all(isinstance(b, FSDP) for b in unwrap(model).layers)
+    assert model.sharding_strategy == ShardingStrategy.FULL_SHARD
+    total = count_params(build_model(run.model, seed=0))
+    local = sum(p.numel() for p in model.parameters())  # a flat shard per unit, padded to halves
+    assert total / 2 <= local < total / 2 + 8, (local, total)
+    _, _, hybrid = built("mesh=hsdp", "mesh.engine=fsdp1")
+    assert hybrid.sharding_strategy == ShardingStrategy.HYBRID_SHARD
+
+
+def test_ddp_replicates_over_the_flattened_dp_group(built):
+    _, dims, model = built("mesh=hsdp", "mesh.engine=ddp")
+    assert isinstance(model, DistributedDataParallel)
+    assert model.process_group.size() == dims.dp == 4
+    assert not any(isinstance(p, DTensor) for p in model.parameters())
+
+
+# Wrap policies: which modules become units.
+
+
+@pytest.mark.parametrize(
+    "overrides,units",
+    [
+        ((), ["layers.0", "layers.1"]),
+        (("wrap=root",), []),
+        (("wrap=linear",), [f"layers.{i}.{n}" for i in (0, 1) for n in (
+            "attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2",
+            "feed_forward.w3")] + ["output"]),
+        (("wrap.policy=classes", "wrap.classes=[FeedForward]"), ["layers.0.feed_forward", "layers.1.feed_forward"]),
+        # A block holds 2592 parameters: attention 4 x 16 x 16 = 1024, feed-forward 3 x 16 x 32 = 1536.
+        (("wrap=size", "wrap.min_params=1000"), ["layers.0.attention", "layers.0.feed_forward", "layers.1.attention", "layers.1.feed_forward"]),
+        (("wrap=size", "wrap.min_params=1500"), ["layers.0.feed_forward", "layers.1.feed_forward"]),
+        (("wrap=size", "wrap.min_params=2000"), ["layers.0", "layers.1"]),
+    ],
+    ids=["block", "root", "linear", "classes", "size-1000", "size-1500", "size-2000"],
+)
+def test_wrap_policy_chooses_the_units(built, overrides, units):
+    _, _, model = built(*overrides)
+    sharded = sorted(name for name, m in model.named_modules() if isinstance(m, FSDPModule) and m is not model)
+    assert sharded == sorted(units)
+
+
+def test_size_policy_takes_the_smallest_modules_reaching_min_params(compose_run):
+    """size_based_auto_wrap_policy's rule on mlp_stack (dim 17, ffn 51): each in_proj (918 parameters)
+    is a unit; out_proj (884) stays with the root, and a block is not taken once its in_proj is."""
+    run = compose_run("model=mlp_stack", "wrap=size", "wrap.min_params=900")
+    model = build_model(run.model, seed=0)
+    assert wrap_units(model, run.wrap) == [layer.in_proj for layer in model.layers]
+
+
+# TP, compile, activation checkpointing: the steps before the engine.
+
+
+def test_tp_splits_the_block_linears_over_tp_before_fsdp_shards_over_dp(built):
+    _, _, model = built("mesh=tp2d")
+    wq, wo = model.layers[0].attention.wq.weight, model.layers[0].attention.wo.weight
+    assert wq.device_mesh.mesh_dim_names == ("dp_shard", "tp") and wq.shape == (16, 16)
+    assert wq.placements[1] == Shard(0) and wo.placements[1] == Shard(1), "column-wise in, row-wise out"
+    assert wq.to_local().shape == (4, 16), "16 rows over tp=2, then over dp_shard=2"
+
+
+def test_compile_compiles_every_block(built):
+    _, _, model = built("model.compile=true")
+    assert all(block._compiled_call_impl is not None for block in model.layers)
+    _, _, plain = built()
+    assert all(block._compiled_call_impl is None for block in plain.layers)
+
+
+@pytest.mark.parametrize(
+    "impl,nesting",
+    [
+        ("wrapper", ["FSDPCheckpointWrapper", "TransformerBlock"]),  # FSDP(checkpoint(block))
+        ("outer_wrapper", ["CheckpointWrapper", "FSDPTransformerBlock"]),  # checkpoint(FSDP(block))
+    ],
+)
+def test_checkpoint_wrappers_nest_in_the_orchestrators_order(built, impl, nesting):
+    _, _, model = built("ac=full", f"ac.impl={impl}")
+    for block in model.layers:
+        assert [type(block).__name__, type(block._checkpoint_wrapped_module).__name__] == nesting
+
+
+def batch(run, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return microbatches(model, seed=0, step=1, dp_rank=0, batch_size=run.train.batch_size, seq_len=run.train.seq_len,
+                        n=1, device=torch.device("cpu"))
+
+
+def saved_activation_bytes(run, model: nn.Module) -> int:
+    """What autograd saves for backward in one forward, outside checkpointed regions (they save their
+    inputs only) and offloaded ones (whose own hooks pack their tensors)."""
+    saved = 0
+
+    def pack(t: torch.Tensor):
+        nonlocal saved
+        saved += t.numel() * t.element_size()
+        return t
+
+    (inputs, _), = batch(run, model)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(inputs)
+    return saved
+
+
+@pytest.fixture
+def on_one_rank(prepared, world_of_one):
+    """`on_one_rank(*overrides) -> (run, model)`: the parallelized model of a 1-rank run (mesh=single)."""
+    def build(*overrides: str):
+        run, dims = prepared(*TINY, "mesh=single", "train.seq_len=32", *overrides)
+        return run, build_trainer(run, dims, world_of_one, on_step=lambda row: None).model
+    return build
+
+
+AC_IMPLS = ("composable", "utils", "wrapper", "outer_wrapper", "manual")
+
+
+@pytest.mark.parametrize("mode", ["full", "offload"])
+@pytest.mark.parametrize("impl", AC_IMPLS)
+def test_every_ac_implementation_keeps_the_blocks_activations_out_of_autograd(on_one_rank, impl, mode):
+    none = saved_activation_bytes(*on_one_rank("ac=none"))
+    checkpointed = saved_activation_bytes(*on_one_rank(f"ac={mode}", f"ac.impl={impl}"))
+    assert checkpointed < none / 2, (checkpointed, none)
+
+
+def recomputed_flops(run, model: nn.Module) -> int:
+    """FLOPs of one forward and backward: checkpointing recomputes in backward what it did not keep."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    (inputs, targets), = batch(run, model)
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(model(inputs), targets).backward()
+    return counter.get_total_flops()
+
+
+def test_selective_checkpointing_keeps_and_recomputes_between_none_and_full(on_one_rank):
+    """Every 2nd block (layer) saves about half the activations; keeping matmul outputs (op) spares
+    their recomputation, which full checkpointing pays."""
+    runs = {
+        name: on_one_rank(*overrides) for name, overrides in {
+            "none": ("ac=none",), "full": ("ac=full",), "layer": ("ac=selective", "ac.selective=layer", "ac.every=2"),
+            "op": ("ac=selective", "ac.selective=op", "ac.every=1"),
+        }.items()
+    }
+    saved = {name: saved_activation_bytes(*built) for name, built in runs.items()}
+    assert saved["full"] < saved["layer"] < saved["none"], saved
+    flops = {name: recomputed_flops(*built) for name, built in runs.items() if name != "layer"}
+    assert flops["none"] <= flops["op"] < flops["full"], flops
+
+
+# Steps the worker takes around parallelize: pipeline stages, casting after sharding.
+
+
+@pytest.mark.parametrize("rank,layers,first,last", [(0, ["0", "1"], True, False), (4, ["2", "3"], False, True)])
+def test_pipeline_gives_each_pp_rank_its_stage(built, rank, layers, first, last):
+    """mesh=nd is pp=2 x dp_shard=2 x tp=2: ranks 0-3 hold the first stage, 4-7 the last."""
+    _, dims, model = built("mesh=nd", "model.n_layers=4", rank=rank)
+    assert dims.pp == 2 and isinstance(model, PipelinedModel)
+    assert list(model.module.layers) == layers
+    assert (model.has_first, model.has_last) == (first, last)
+    assert (model.module.tok_embeddings is not None, model.module.output is not None) == (first, last)
+    wq = model.module.layers[layers[0]].attention.wq.weight
+    assert wq.device_mesh.mesh_dim_names == ("dp_shard", "tp"), "each stage is parallelized like a whole model"
+
+
+def test_cast_after_sharding_turns_every_shard_to_the_dtype(built):
+    _, _, model = built("fsdp.cast_after_sharding=float64")
+    assert {p.to_local().dtype for p in model.parameters()} == {torch.float64}
