@@ -1,18 +1,15 @@
 """`python -m fsdp_lab.report` on a real 4-job sweep in which two jobs fail. Hydra's basic launcher
-runs it, which leaves no sweep summary when a job fails: the report has only the job dirs to go by."""
+runs it, which leaves no sweep summary when a job fails: the report has only the job dirs to go by.
+Both commands are worked in this process (tests/in_process.py): the sweep's jobs are 1-rank runs."""
 
 from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 
 import pytest
 
-from lab import REPO, lab_env, rank_zero_env, run_lab
-
-pytestmark = pytest.mark.slow
+from in_process import report_here, run_lab_here
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("memory_per_phase.png", "loss_and_parity.png", "memory_vs_step_time.png")
@@ -25,24 +22,19 @@ JOBS = {
 }
 
 
-def report(path):
-    return subprocess.run([sys.executable, "-m", "fsdp_lab.report", str(path)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, env=lab_env())
-
-
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     sweep_dir = tmp_path_factory.mktemp("report") / "sweep"
-    # One rank, worked in this process (the basic launcher runs jobs in-process): four jobs for the
-    # price of one process start. Jobs with fault.at_step=2 raise at their third step; 99 never comes.
-    result = run_lab(
+    # One rank, worked in this process (the basic launcher runs jobs in-process). Jobs with
+    # fault.at_step=2 raise at their third step; 99 never comes.
+    result = run_lab_here(
         "-m", "hydra/launcher=basic", "optim=adamw,sgd", "fault.at_step=2,99", "fault.kill_rank=0", "fault.kind=raise",
-        "train.steps=3", "logger=none", f"hydra.sweep.dir={sweep_dir}", env=rank_zero_env(), timeout=600,
+        "train.steps=3", "logger=none", f"hydra.sweep.dir={sweep_dir}",
     )
     assert result.returncode == 1, "Hydra re-raises the failed jobs' error after the sweep"
     assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == list(JOBS)
     assert not (sweep_dir / "sweep_summary.json").exists()
-    made = report(sweep_dir)
+    made = report_here(sweep_dir)
     assert made.returncode == 0, made.stderr[-3000:]
     return sweep_dir
 
@@ -93,7 +85,7 @@ def test_html_shows_the_same_jobs_and_plots(sweep):
 
 
 def test_report_of_a_single_run_dir(sweep):
-    made = report(sweep / "3")
+    made = report_here(sweep / "3")
     assert made.returncode == 0, made.stderr[-3000:]
     md = (sweep / "3" / "report.md").read_text()
     assert "(1 job)" in md
@@ -102,6 +94,6 @@ def test_report_of_a_single_run_dir(sweep):
 
 
 def test_a_dir_that_is_no_run_is_refused(tmp_path):
-    made = report(tmp_path)
+    made = report_here(tmp_path)
     assert made.returncode == 1
     assert made.stderr.strip() == f"error: {tmp_path}: neither a run dir (summary.json, metrics.jsonl) nor a sweep dir (0/, 1/, ...)"
