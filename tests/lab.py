@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -43,15 +42,6 @@ def lab_env(**extra: str) -> dict[str, str]:
     path = [str(LAUNCHERS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env.update(WANDB_SILENT="true", PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(path), **extra)
     return env
-
-
-def rank_zero_env(**extra: str) -> dict[str, str]:
-    """The environment of a world of one rank: the lab process works as that rank, spawning none
-    (what torchrun or a launcher plugin sets up), so a whole sweep runs in one process."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return lab_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **extra)
 
 
 def run_lab(*overrides: str, run_dir: Path | None = None, command: list[str] | None = None,

@@ -8,10 +8,9 @@ import json
 import pytest
 
 from fsdp_lab.probes.memory import PHASES
-from lab import lab_env, rank_zero_env, run_lab
+from in_process import run_lab_here
+from lab import lab_env, run_lab
 from wandb_records import OfflineRun
-
-pytestmark = pytest.mark.slow
 
 SECRET = "tok-3f9a1c77e2b04d5e-do-not-log"
 API_KEY = "fake0123456789abcdef0123456789abcdef0123"  # 40 characters, like a real W&B key
@@ -32,6 +31,7 @@ def sweep(tmp_path_factory):
     return sweep_dir, runs
 
 
+@pytest.mark.slow
 def test_sweep_jobs_share_a_group_and_are_named_by_their_overrides(sweep):
     _, runs = sweep
     for num, optim in JOBS.items():
@@ -43,6 +43,7 @@ def test_sweep_jobs_share_a_group_and_are_named_by_their_overrides(sweep):
         assert runs[num].config["logger"]["group"] == "mesh_study/run1"
 
 
+@pytest.mark.slow
 def test_every_metric_is_plotted_against_step_with_its_reduction(sweep):
     sweep_dir, runs = sweep
     defs = runs["0"].metric_definitions
@@ -69,6 +70,7 @@ def test_every_metric_is_plotted_against_step_with_its_reduction(sweep):
     assert summary["parity/loss_abs_diff"]["max"] == pytest.approx(max(r["parity/loss_abs_diff"] for r in rows))
 
 
+@pytest.mark.slow
 def test_final_summary_and_tables_match_summary_json(sweep):
     sweep_dir, runs = sweep
     for num in JOBS:
@@ -88,6 +90,7 @@ def test_final_summary_and_tables_match_summary_json(sweep):
         assert memory["data"] == expected
 
 
+@pytest.mark.slow
 def test_no_secret_from_the_environment_in_any_file(sweep):
     sweep_dir, runs = sweep
     assert runs["0"].config["logger"]["tags"] == ["lab", "***"]
@@ -107,6 +110,7 @@ def _assert_run_finished_without_wandb(result, steps: int) -> None:
     assert (result.stdout + result.stderr).count("W&B disabled for this run") == 1, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_unreachable_wandb_server_leaves_the_run_ok(tmp_path):
     result = run_lab(
         "train.steps=2", "probes.memory.enabled=false", "logger.mode=online", "logger.init_timeout_s=3",
@@ -121,7 +125,7 @@ def test_unwritable_wandb_dir_leaves_the_run_ok(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "wandb").write_text("a file where W&B wants its dir")
-    # The lab process is rank 0 itself here (as under torchrun), so the sink runs in it.
-    result = run_lab("train.steps=2", "probes.memory.enabled=false", "logger.mode=offline", run_dir=run_dir, env=rank_zero_env())
+    # The lab is rank 0 of 1 in this process (as under torchrun), so the sink runs in it.
+    result = run_lab_here("train.steps=2", "probes.memory.enabled=false", "logger.mode=offline", run_dir=run_dir)
     _assert_run_finished_without_wandb(result, steps=2)
     assert (run_dir / "wandb").is_file()
