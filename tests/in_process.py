@@ -19,12 +19,14 @@ from lab import LabRun
 from worlds import free_port
 
 
-def _run_main(module: str, argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+def _run_main(module: str, argv: list[str], env: dict[str, str], unset=()) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}  # a rank installs its own
     code = 0
     try:
         with mock.patch.dict(os.environ, env), mock.patch.object(sys, "argv", argv), redirect_stdout(out), redirect_stderr(err):
+            for key in unset:
+                os.environ.pop(key, None)
             try:
                 runpy.run_module(module, run_name="__main__", alter_sys=True)
             except SystemExit as e:
@@ -37,12 +39,18 @@ def _run_main(module: str, argv: list[str], env: dict[str, str]) -> tuple[int, s
     return code, out.getvalue(), err.getvalue()
 
 
-def run_lab_here(*overrides: str, run_dir: Path | None = None, env: dict[str, str] | None = None) -> LabRun:
-    """`python -m fsdp_lab OVERRIDES` as rank 0 of 1, in this process."""
+RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def run_lab_here(*overrides: str, run_dir: Path | None = None, as_rank: bool = True) -> LabRun:
+    """`python -m fsdp_lab OVERRIDES` in this process: as rank 0 of 1, or (as_rank=False) as from a
+    user's shell, for runs refused before any rank starts (one that is not would spawn ranks, which
+    the fast tier refuses)."""
     args = list(overrides) + ([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])
-    rank = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-            "WANDB_SILENT": "true", **(env or {})}
-    code, out, err = _run_main("fsdp_lab", ["fsdp_lab", *args], rank)
+    env = {"WANDB_SILENT": "true"}
+    if as_rank:
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    code, out, err = _run_main("fsdp_lab", ["fsdp_lab", *args], env, unset=() if as_rank else RANK_ENV)
     found = re.findall(r"^run dir: (.+)$", out, flags=re.M)
     return LabRun(code, out, err, Path(found[-1]) if found else None)
 

@@ -13,6 +13,7 @@ from dataclasses import fields, is_dataclass
 import pytest
 
 from fsdp_lab.config import ModelConfig, RunConfig
+from in_process import run_lab_here
 from lab import run_lab
 
 pytestmark = pytest.mark.bad_input
@@ -102,9 +103,11 @@ CATALOGUE = [
 
 
 # One of each source of refusal: the schema (unknown key, choice, limit), Hydra (type, group option), the
-# mesh, the checks of validate.py, the device, a model family's build.
+# mesh, the checks of validate.py, the device, a model family's build: each through the CLI's entry point
+# in this process, and two of them also through a real process (exit code, output, run dir as a user sees them).
 THROUGH_THE_CLI = {"optim.lr=-0.1", "+model.dimm=3", "mesh.engine=fsdp3", "model.dim=abc", "model=no_such", "train.microbatches=3",
                    "mesh.dp_shard=3 mesh.world_size=2", "device=cuda", "model=hf model.model_type=no_such"}
+IN_A_PROCESS = ("train.microbatches=3", "model=no_such")
 
 
 def refusal(prepared, overrides: str) -> str:
@@ -121,17 +124,28 @@ def test_bad_input_is_refused_with_its_message(prepared, overrides, message):
     assert message.removeprefix("error: ") in refusal(prepared, overrides)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("overrides,message", [c for c in CATALOGUE if c[0] in THROUGH_THE_CLI], ids=sorted(THROUGH_THE_CLI, key=[c[0] for c in CATALOGUE].index))
-def test_bad_input_is_refused_by_the_cli_before_any_rank_starts(tmp_path, overrides, message):
-    result = run_lab(*overrides.split(), "logger=none", run_dir=tmp_path / "run", timeout=60)
+def assert_refused_before_any_rank_starts(result, message: str, run_dir) -> None:
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     if message.startswith("error: "):
         assert result.returncode == 2 and result.error_lines == [message]
     assert "[rank" not in result.stdout + result.stderr, "no rank may start"
-    assert not (tmp_path / "run").exists(), "a refused run leaves no run dir"
+    assert not run_dir.exists(), "a refused run leaves no run dir"
+
+
+@pytest.mark.parametrize("overrides,message", [c for c in CATALOGUE if c[0] in THROUGH_THE_CLI], ids=sorted(THROUGH_THE_CLI, key=[c[0] for c in CATALOGUE].index))
+def test_bad_input_is_refused_by_the_cli_before_any_rank_starts(tmp_path, overrides, message):
+    result = run_lab_here(*overrides.split(), "logger=none", run_dir=tmp_path / "run", as_rank=False)
+    assert_refused_before_any_rank_starts(result, message, tmp_path / "run")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", IN_A_PROCESS)
+def test_a_real_process_exits_with_the_refusal(tmp_path, overrides):
+    message = dict(CATALOGUE)[overrides]
+    result = run_lab(*overrides.split(), "logger=none", run_dir=tmp_path / "run", timeout=60)
+    assert_refused_before_any_rank_starts(result, message, tmp_path / "run")
 
 
 # The model's fields are declared by each model family (checked family by family below).
