@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from matrix_rank import run_matrix, train
+from matrix_rank import run_matrix
+from training import train
 
 # A transformer whose activations dwarf its parameters: long sequences, a narrow model.
 ACTIVATION_HEAVY = [

@@ -14,7 +14,8 @@ from torch import nn
 from fsdp_lab.checks import evaluate
 from fsdp_lab.probes.parity import unwrap
 from fsdp_lab.summary import probe_sections
-from matrix_rank import run_matrix, train
+from matrix_rank import run_matrix
+from training import train
 
 COMMON = ["train.steps=3", "probes.parity.param_every=1", "probes.perf.enabled=false", "logger=none", "device=cpu"]
 # test_fsdp_checkpoint's variants: FSDP(checkpoint(layer)), checkpoint(FSDP(layer)), manual calls.

@@ -27,7 +27,7 @@ from fsdp_lab.checkpoint import Checkpointer, step_dir_name
 from fsdp_lab.dist import init_distributed
 from fsdp_lab.summary import probe_sections
 from fsdp_lab.worker import build_trainer
-from matrix_rank import run_and_mesh, train
+from training import run_and_mesh, train
 
 TINY = [
     "debug=cpu_tiny", "model.n_layers=4", "train.batch_size=4", "train.microbatches=2", "train.steps=3",

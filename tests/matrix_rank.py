@@ -13,11 +13,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from compose import compose_run
-from fsdp_lab.config import RunConfig
 from fsdp_lab.dist import init_distributed
-from fsdp_lab.mesh import ParallelDims
-from fsdp_lab.worker import build_trainer
 from lab import REPO, lab_env
 
 
@@ -36,23 +32,6 @@ def result_of(matrix: dict, label: str) -> dict:
     result = matrix[label]
     assert "error" not in result, f"variant {label} raised:\n{result['error']}"
     return result
-
-
-def run_and_mesh(overrides: list[str], ctx) -> tuple[RunConfig, ParallelDims]:
-    """`overrides` composed, and the run's mesh over every rank."""
-    run = compose_run(*overrides)
-    m = run.mesh
-    return run, ParallelDims.resolve(pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, world_size=ctx.world_size)
-
-
-def train(overrides: list[str], ctx, run_dir: Path | None = None):
-    """Compose `overrides`, build the run's trainer over every rank and train it; returns the
-    config, the trained trainer and its metric rows (`run_dir`: where probes write their files)."""
-    run, dims = run_and_mesh(overrides, ctx)
-    rows: list[dict] = []
-    trainer = build_trainer(run, dims, ctx, on_step=rows.append, run_dir=run_dir)
-    trainer.run()
-    return run, trainer, rows
 
 
 def run_matrix(variants: dict[str, list[str]], result: Callable[[list[str], object], dict], out_path: str) -> None:
