@@ -36,6 +36,8 @@ def _run_main(module: str, argv: list[str], env: dict[str, str], unset=()) -> tu
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+        if "wandb" in sys.modules:  # what the process's exit would do: W&B's service writes out the run files
+            sys.modules["wandb"].teardown()
     return code, out.getvalue(), err.getvalue()
 
 
