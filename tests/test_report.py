@@ -29,7 +29,7 @@ def sweep(tmp_path_factory):
     # fault.at_step=2 raise at their third step; 99 never comes.
     result = run_lab_here(
         "-m", "hydra/launcher=basic", "optim=adamw,sgd", "fault.at_step=2,99", "fault.kill_rank=0", "fault.kind=raise",
-        "train.steps=3", "logger=none", f"hydra.sweep.dir={sweep_dir}",
+        "train.steps=3", "logger=none", "debug=cpu_tiny", f"hydra.sweep.dir={sweep_dir}",
     )
     assert result.returncode == 1, "Hydra re-raises the failed jobs' error after the sweep"
     assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == list(JOBS)
@@ -54,7 +54,7 @@ def test_plots_exist_and_are_not_empty(sweep):
 
 def test_markdown_table_has_every_job(sweep):
     md = (sweep / "report.md").read_text()
-    assert "Common overrides: `fault.kill_rank=0 fault.kind=raise train.steps=3 logger=none`" in md
+    assert "Common overrides: `fault.kill_rank=0 fault.kind=raise train.steps=3 logger=none debug=cpu_tiny`" in md
     rows = {line.split(" | ")[0].lstrip("| "): line for line in md.splitlines() if line.startswith("| ") and "---" not in line}
     for num, (label, status) in JOBS.items():
         summary = json.loads((sweep / num / "summary.json").read_text())
@@ -89,7 +89,7 @@ def test_report_of_a_single_run_dir(sweep):
     assert made.returncode == 0, made.stderr[-3000:]
     md = (sweep / "3" / "report.md").read_text()
     assert "(1 job)" in md
-    assert "| 3 | optim=sgd,fault.at_step=99,fault.kill_rank=0,fault.kind=raise,train.steps=3,logger=none" in md
+    assert "| 3 | optim=sgd,fault.at_step=99,fault.kill_rank=0,fault.kind=raise,train.steps=3,logger=none,debug=cpu_tiny" in md
     assert all((sweep / "3" / "plots" / name).stat().st_size > 0 for name in PLOTS)
 
 
