@@ -191,12 +191,11 @@ def test_a_value_outside_a_declared_limit_is_refused_naming_the_limit(prepared, 
     assert refusal(prepared, f"{key}={value}") == f"error: {key}={value}: allowed is {rule}"
 
 
-@pytest.mark.slow
 def test_resume_from_a_checkpoint_of_another_model_is_refused_before_any_rank_starts(tmp_path):
-    saved = run_lab("checkpoint=dcp", "train.steps=2", "logger=none", "probes.memory.enabled=false", run_dir=tmp_path / "saved")
+    saved = run_lab_here("checkpoint=dcp", "train.steps=2", "logger=none", "probes.memory.enabled=false", run_dir=tmp_path / "saved")
     assert saved.returncode == 0, saved.stderr[-2000:]
     checkpoint = tmp_path / "saved" / "checkpoints" / "step_00000002"
-    result = run_lab(f"checkpoint.resume={checkpoint}", "model.dim=32", "logger=none", run_dir=tmp_path / "run", timeout=60)
+    result = run_lab_here(f"checkpoint.resume={checkpoint}", "model.dim=32", "logger=none", run_dir=tmp_path / "run", as_rank=False)
     assert result.returncode == 2
     (line,) = result.error_lines
     assert line.startswith(f"error: checkpoint.resume={checkpoint}: saved for another model: (saved, now) = {{'dim': (64, 32)")

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
+from in_process import run_lab_here
 from lab import run_lab
 
-pytestmark = pytest.mark.slow
 
 TINY = ["train.steps=2", "logger=none", "probes.memory.enabled=false", "model.n_layers=1", "model.dim=16", "model.ffn_dim=32"]
 
@@ -22,6 +22,7 @@ def rows(sweep_dir) -> list[dict]:
     return json.loads((sweep_dir / "sweep_summary.json").read_text())["jobs"]
 
 
+@pytest.mark.slow
 def test_packed_sweep_runs_jobs_side_by_side_and_writes_the_sweep_summary(tmp_path):
     result = sweep(tmp_path, "optim=adamw,sgd", "hydra.launcher.max_ranks=4")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -43,6 +44,7 @@ def test_packed_sweep_runs_jobs_side_by_side_and_writes_the_sweep_summary(tmp_pa
     assert "sweep summary: " in result.stdout and "2 ok, 0 failed" in result.stdout
 
 
+@pytest.mark.slow
 def test_failing_job_does_not_stop_the_others_and_the_sweep_exits_naming_it(tmp_path):
     # Job 0 raises on rank 1 at step 1; job 1's fault step lies past its last step, so it runs clean.
     # Packing off: the jobs run one after the other, and the second still runs after the first failed.
@@ -63,7 +65,8 @@ def test_failing_job_does_not_stop_the_others_and_the_sweep_exits_naming_it(tmp_
 
 
 def test_a_bad_override_in_one_job_refuses_the_sweep_before_any_job_starts(tmp_path):
-    result = sweep(tmp_path, "train.microbatches=1,3")
+    # Refused by the launcher in the CLI's own process before any job starts: worked here.
+    result = run_lab_here("-m", "train.microbatches=1,3", *TINY, f"hydra.sweep.dir={tmp_path}", as_rank=False)
     assert result.returncode == 2
     [line] = result.error_lines
     assert line.startswith("error: train.microbatches=3: must divide train.batch_size=4 (job 1: train.microbatches=3 ")
