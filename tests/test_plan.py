@@ -10,16 +10,13 @@ import math
 import time
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
-from fsdp_lab.config import to_run_config
+from compose import compose_run
 from fsdp_lab.plan.cost import Layout, group_link
 from fsdp_lab.plan.device import load_device
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.run import PLAN_FILE, plan, run_plan
 from fsdp_lab.plan.search import layouts, meshes, rank
-from fsdp_lab.run import CONF_DIR
 from lab import run_lab
 
 # A small Llama-style model planned for 64 H100s: its traces are quick, its layouts many.
@@ -28,17 +25,11 @@ MODEL = ["model.dim=256", "model.n_layers=4", "model.n_heads=8", "model.ffn_dim=
 PLAN_64 = ["mode=plan", "plan.gpus=64", "plan.gpus_per_node=8", "plan.device=h100-80gb", "plan.global_batch_tokens=512K"]
 
 
-def compose_run(overrides: list[str]):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return to_run_config(compose(config_name="config", overrides=overrides))
-
-
 @pytest.fixture(scope="module")
 def planned():
     """One 64-GPU plan for the module (the traces are its cost), timed in CPU seconds: planning is one
     process, and a wall clock would time the other jobs sharing a CI machine's cores too."""
-    run = compose_run([*MODEL, *PLAN_64])
+    run = compose_run(*MODEL, *PLAN_64)
     start = time.process_time()
     predictor = Predictor(run, load_device(run.plan.device), run.plan.gpus_per_node)
     candidates, header = plan(run, predictor)
@@ -53,7 +44,7 @@ def test_meshes_are_every_factorisation_with_tp_inside_a_node():
 
 
 def test_layouts_are_only_what_the_lab_accepts():
-    run = compose_run([*MODEL, "model.n_heads=2", *PLAN_64])
+    run = compose_run(*MODEL, "model.n_heads=2", *PLAN_64)
     found = layouts(run, samples=1024)
     assert found and all(lay.world == 64 for lay in found)
     assert {lay.tp for lay in found} == {1, 2}  # tp must divide the 2 heads: 4 and 8 are refused by the lab's checks
@@ -102,7 +93,7 @@ def test_plan_json_holds_every_candidate_as_a_ready_command_line(tmp_path, plann
     lay = candidates[0].layout
     assert f"mesh.dp_shard={lay.dp_shard}" in best and f"train.microbatches={lay.microbatches}" in best
     # The command line is one the lab accepts as it stands.
-    accepted = compose_run([o for o in best.split()[3:]])
+    accepted = compose_run(*best.split()[3:])
     assert (accepted.mesh.dp_replicate, accepted.mesh.dp_shard, accepted.mesh.tp) == (lay.dp_replicate, lay.dp_shard, lay.tp)
 
 
