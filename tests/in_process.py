@@ -11,6 +11,7 @@ import re
 import runpy
 import signal
 import sys
+import traceback
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest import mock
@@ -33,6 +34,9 @@ def _run_main(module: str, argv: list[str], env: dict[str, str], unset=()) -> tu
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
                 if isinstance(e.code, str):
                     print(e.code, file=sys.stderr)
+            except Exception:  # Hydra re-raises under a tracer (a debugger, coverage); a process would exit 1
+                traceback.print_exc()
+                code = 1
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
