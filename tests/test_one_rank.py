@@ -12,8 +12,9 @@ import pytest
 from fsdp_lab.checkpoint import complete_checkpoints, step_dir_name, verify
 from fsdp_lab.checks import evaluate
 from fsdp_lab.probes.memory import PHASES
+from fsdp_lab.summary import probe_sections
 from in_process import run_lab_here
-from training import probe_summaries, train
+from training import train
 from wandb_records import OfflineRun
 
 ONE_RANK = ["debug=cpu_tiny", "mesh=single", "optim=sgd", "train.steps=3", "probes.parity.param_every=1"]
@@ -41,7 +42,7 @@ def test_microbatches_accumulate_like_the_whole_batch(world_of_one, sync):
 def test_a_frozen_pattern_leaves_those_parameters_bitwise_unchanged(world_of_one):
     run, trainer, rows = train([*ONE_RANK, "model=mlp_stack", "model.freeze=in_proj", "checks=[parity_ok,frozen_unchanged]"],
                                world_of_one)
-    summary = probe_summaries(run, trainer)
+    summary = probe_sections(trainer.probes)
     assert summary["frozen"]["params"] == 4 and summary["frozen"]["max_abs_change"] == 0.0, "in_proj weight and bias of 2 blocks"
     assert all(v["ok"] for v in evaluate(run.checks, summary, rows).values())
 
