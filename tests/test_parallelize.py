@@ -22,7 +22,7 @@ from fsdp_lab.models import build_model, count_params
 from fsdp_lab.parallel.pipeline import PipelinedModel
 from fsdp_lab.parallel.wrap import wrap_units
 from fsdp_lab.probes.parity import unwrap
-from fsdp_lab.train import loss_fn
+from fsdp_lab.step import loss_fn
 from fsdp_lab.worker import build_trainer
 
 TINY = ("debug=cpu_tiny", "probes=off")  # no reference: the model under test is the only one built
