@@ -10,7 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # own_models, as a user's package on the path
 
-from matrix_rank import run_matrix, train  # noqa: E402
+from matrix_rank import run_matrix  # noqa: E402
+from training import train  # noqa: E402
 
 TINY_HF = [
     "model.config.hidden_size=32", "model.config.intermediate_size=64", "model.config.num_hidden_layers=2",

@@ -102,10 +102,12 @@ def test_ddp_replicates_over_the_flattened_dp_group(built):
             "attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2",
             "feed_forward.w3")] + ["output"]),
         (("wrap.policy=classes", "wrap.classes=[FeedForward]"), ["layers.0.feed_forward", "layers.1.feed_forward"]),
-        # A block holds 2592 parameters: attention 4 x 16 x 16 = 1024, feed-forward 3 x 16 x 32 = 1536.
-        (("wrap=size", "wrap.min_params=1000"), ["layers.0.attention", "layers.0.feed_forward", "layers.1.attention", "layers.1.feed_forward"]),
-        (("wrap=size", "wrap.min_params=1500"), ["layers.0.feed_forward", "layers.1.feed_forward"]),
-        (("wrap=size", "wrap.min_params=2000"), ["layers.0", "layers.1"]),
+        # A block holds 2592 parameters: attention 4 x 16 x 16 = 1024, feed-forward 3 x 16 x 32 = 1536;
+        # the embedding and the output 256 x 16 = 4096 each.
+        (("wrap=size", "wrap.min_params=1000"), ["layers.0.attention", "layers.0.feed_forward", "layers.1.attention",
+                                                  "layers.1.feed_forward", "output", "tok_embeddings"]),
+        (("wrap=size", "wrap.min_params=1500"), ["layers.0.feed_forward", "layers.1.feed_forward", "output", "tok_embeddings"]),
+        (("wrap=size", "wrap.min_params=2000"), ["layers.0", "layers.1", "output", "tok_embeddings"]),
     ],
     ids=["block", "root", "linear", "classes", "size-1000", "size-1500", "size-2000"],
 )
