@@ -157,7 +157,7 @@ def test_checkpoint_wrappers_nest_in_the_orchestrators_order(built, impl, nestin
 
 
 def batch(run, model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return microbatches(model, seed=0, step=1, dp_rank=0, batch_size=run.train.batch_size, seq_len=run.train.seq_len,
+    return microbatches(model, seed=0, first_sample=0, batch_size=run.train.batch_size, seq_len=run.train.seq_len,
                         n=1, device=torch.device("cpu"))
 
 
