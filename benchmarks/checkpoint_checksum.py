@@ -1,5 +1,5 @@
 """What checksumming a checkpoint's files costs a save, on CPU: the lab's Checkpointer saves a model of
---mb MB with its AdamW state (one gloo rank, this process), alternately with the manifest's CRC-32s
+--mb MB with its AdamW state (one gloo rank, this process), alternately with the manifest's checksums
 and without them (sizes only), and prints the median save times and the overhead.
 
     python benchmarks/checkpoint_checksum.py --mb 128 --repeats 7
@@ -44,7 +44,11 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.randn(2, 1024)).sum().backward()
     optimizer.step()  # creates the optimizer state, which is saved too
-    trainer = SimpleNamespace(model=model, optimizer=optimizer, reference=None, last_loss=0.0)
+    trainer = SimpleNamespace(
+        model=model, optimizer=optimizer, reference=None, last_loss=0.0,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0),
+        data=SimpleNamespace(next_sample=lambda step: 0),
+    )
     run = RunConfig(checkpoint=CheckpointConfig(kind="dcp", keep=1))
     with_crc = checkpoint.checksums
     times: dict[str, list[float]] = {"with checksums": [], "without": []}

@@ -44,7 +44,7 @@ def test_saves_every_interval_and_at_the_end_keeping_the_last_ones(uninterrupted
     assert meta["step"] == 6 and meta["loss"] == losses(uninterrupted)[-1] and meta["reference"]
     assert meta["data"] == {"seed": 0, "next_step": 6, "next_sample": 6 * 2 * 4}, "6 steps of 2 ranks x 4 samples"
     assert {"rng/rank0.pt", "rng/rank1.pt", ".metadata"} <= set(meta["manifest"])
-    assert all(len(entry["crc32"]) == 8 for entry in meta["manifest"].values())
+    assert all(len(entry["xxh3_64"]) == 16 for entry in meta["manifest"].values())
     assert uninterrupted.summary["checkpoint"]["last_saved"] == str(found[-1])
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import pytest
 
+import fsdp_lab.train
 from fsdp_lab.config import ConfigError, OptimConfig
 from fsdp_lab.optim import lr_factor
 from fsdp_lab.probes import registry
@@ -107,3 +109,12 @@ def test_schedules_warm_up_then_decay_towards_zero(schedule, expected):
     factor = lr_factor(OptimConfig(schedule=schedule, warmup_steps=3), total_steps=6)
     assert [factor(s) for s in range(6)] == pytest.approx(expected)
     assert math.isclose(factor(6), 1.0 if schedule == "constant" else 0.0, abs_tol=1e-12)
+
+
+def test_the_training_loop_names_no_probe_and_branches_on_none():
+    """Trainer.run is data -> step -> row -> sinks: probes reach it only through the protocol, so
+    train.py names no probe class and has no `probe is not None` branch (only the accumulation policy
+    and the checkpointer it is handed are optional)."""
+    source = Path(fsdp_lab.train.__file__).read_text()
+    assert [cls.__name__ for cls in registry.PROBES if cls.__name__ in source] == []
+    assert set(re.findall(r"([\w.]+) is not None", source)) <= {"self.accumulation", "checkpointer"}
