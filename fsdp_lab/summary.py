@@ -34,6 +34,7 @@ SCHEMA: dict[str, str] = {
     "memory": "the per-phase probe's and the module tracker's figures; null when both are off",
     "memory.peak_mib": "the run's peak",
     "memory.reserved_peak_mib": "GPU: the caching allocator's reserved peak",
+    "memory.ranks_peak_mib": "GPU: every rank's peak, in rank order",
     "memory.phases_mib": "the last step's phases",
     "memory.phases_max_mib": "each phase's maximum over the steps",
     "memory.tracker_peak_mib": "probes.memory.tracker=module: the tracked step's peak",

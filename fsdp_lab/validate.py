@@ -18,6 +18,7 @@ from fsdp_lab.freeze import frozen_names, mixed_units
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import SPECS, build_meta, count_params, model_spec
 from fsdp_lab.models.spec import ModelSpec
+from fsdp_lab.estimate.pipeline import ESTIMABLE_SCHEDULES
 from fsdp_lab.parallel.pipeline import MULTI_STAGE_SCHEDULES, stages_per_rank
 from fsdp_lab.parallel.wrap import wrap_units
 from fsdp_lab.probes.registry import check_probes
@@ -67,9 +68,12 @@ def check_estimable(run: RunConfig) -> None:
     """Configurations mode=estimate cannot predict faithfully."""
     refusals = {
         "mesh.engine": (run.mesh.engine, run.mesh.engine != "fsdp2", "allowed: fsdp2 (FSDPMemTracker follows fully_shard only)"),
-        # The schedule's first step exchanges real values between stages (its p2p warm-up reads a
-        # received flag), which a fake process group cannot deliver.
-        "mesh.pp": (run.mesh.pp, run.mesh.pp > 1, "allowed: 1 (a pipeline schedule's stages exchange real values, which the fake process group cannot deliver)"),
+        # Pipelines are estimated through the schedule's order of microbatches (estimate/pipeline.py),
+        # which is written for the single-stage schedules; a sequence-parallel stage boundary is a shard.
+        "mesh.pp_schedule": (run.mesh.pp_schedule, run.mesh.pp > 1 and run.mesh.pp_schedule not in ESTIMABLE_SCHEDULES,
+                             f"allowed with mesh.pp>1: {', '.join(ESTIMABLE_SCHEDULES)} (one stage per rank)"),
+        "mesh.sequence_parallel": (run.mesh.sequence_parallel, run.mesh.pp > 1 and run.mesh.sequence_parallel,
+                                   "allowed with mesh.pp>1: false (stages would receive sequence shards)"),
         "fsdp.cpu_offload": (run.fsdp.cpu_offload, run.fsdp.cpu_offload, "allowed: false (the estimate runs on one fake device)"),
         "model.compile": (run.model.compile, run.model.compile, "allowed: false (compiled graphs are not traced by the tracker)"),
         "fsdp.cast_after_sharding": (run.fsdp.cast_after_sharding, run.fsdp.cast_after_sharding is not None, "allowed: null (the estimate does not cast)"),

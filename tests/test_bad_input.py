@@ -53,7 +53,7 @@ CATALOGUE = [
     ("mesh=nd model.n_layers=3", "error: model.n_layers=3: must be a multiple of the pipeline stages, mesh.pp=2 x 1 stages per rank (mesh.pp_stages_per_rank) = 2"),
     ("mesh=nd model=mlp", "error: mesh.pp=2: model.name=mlp cannot be split into stages; allowed: mlp_stack, transformer"),
     ("mesh=nd mesh.pp_schedule=1f1b", "error: train.microbatches=1: mesh.pp_schedule=1f1b needs >= mesh.pp=2 microbatches"),
-    ("mode=estimate mesh.world_size=4 mesh.pp=2 train.microbatches=2", "error: mesh.pp=2: mode=estimate cannot predict this; allowed: 1 (a pipeline schedule's stages exchange real values, which the fake process group cannot deliver)"),
+    ("mode=estimate mesh.world_size=4 mesh.pp=2 mesh.pp_schedule=interleaved_1f1b train.microbatches=2", "error: mesh.pp_schedule=interleaved_1f1b: mode=estimate cannot predict this; allowed with mesh.pp>1: gpipe, 1f1b (one stage per rank)"),
     ("fault.kill_rank=5 fault.at_step=1", "error: fault.kill_rank=5: must be a rank in 0..1"),
     ("fault.kill_rank=1", "error: fault.kill_rank and fault.at_step: set both or neither"),
     ("probes.memory.tracker=module probes.memory.tracker_step=30", "error: probes.memory.tracker_step=30: must be in 2..train.steps=20 (step 1 is the warm-up)"),

@@ -15,6 +15,7 @@ import compose
 from fsdp_lab.config import ConfigError, OptimConfig
 from fsdp_lab.estimate import estimate
 from fsdp_lab.estimate.cuda_kernels import SUBSTITUTED, cuda_kernels
+from fsdp_lab.estimate.pipeline import schedule_order
 from fsdp_lab.optim import build_optimizer
 from fsdp_lab.probes.memory import PHASES
 from fsdp_lab.probes.memory_breakdown import BREAKDOWN_JSON, BREAKDOWN_TABLE
@@ -168,6 +169,42 @@ def test_estimate_of_tensor_parallelism_runs_on_a_fake_group_and_shards_paramete
     assert sp["peak_categories_mib"]["Activation"] < tp2d["peak_categories_mib"]["Activation"], "norms hold 1/tp of the sequence"
 
 
+PIPELINE = ("mesh.pp=2", "mesh.dp_shard=2", "train.batch_size=8", "train.microbatches=4", "model.n_layers=4")
+
+
+def test_schedule_order_keeps_pp_minus_stage_microbatches_in_flight_under_1f1b_and_all_under_gpipe():
+    def most_in_flight(order):
+        held = peak = 0
+        for action, _ in order:
+            held += 1 if action == "F" else -1
+            peak = max(peak, held)
+        return peak
+
+    for stage in range(4):
+        order = schedule_order("1f1b", 8, 4, stage)
+        assert sorted(order) == sorted([("F", i) for i in range(8)] + [("B", i) for i in range(8)])
+        assert order.index(("B", 0)) == 4 - stage and most_in_flight(order) == 4 - stage
+        assert most_in_flight(schedule_order("gpipe", 8, 4, stage)) == 8
+
+
+def test_estimate_of_a_pipeline_is_per_pp_rank_and_the_first_stage_holds_most_under_1f1b():
+    """On a fake group, in process. The stages are equal (4 layers, untied embeddings and output of one
+    size); under 1f1b the first stage holds pp = 2 microbatches in flight, the last 1; under gpipe both
+    hold all 4, so the first stage's activations double."""
+    one_f_one_b, gpipe = (estimated(*PIPELINE, f"mesh.pp_schedule={s}") for s in ("1f1b", "gpipe"))
+    first, last = one_f_one_b["pp_ranks"]
+    assert (first["pp_rank"], first["rank"], last["pp_rank"], last["rank"]) == (0, 0, 1, 2)
+    assert first["peak_mib"] > last["peak_mib"] and one_f_one_b["peak_mib"] == first["peak_mib"]
+    activation = lambda e: e["peak_categories_mib"]["Activation"]  # noqa: E731
+    first_gpipe = estimated(*PIPELINE, "mesh.pp_schedule=gpipe", "model.vocab_size=8")  # the last stage's logits out of the way
+    first_1f1b = estimated(*PIPELINE, "mesh.pp_schedule=1f1b", "model.vocab_size=8")
+    assert activation(first_gpipe) / activation(first_1f1b) == pytest.approx(2, rel=0.15)
+    assert gpipe["peak_mib"] > one_f_one_b["peak_mib"]
+    whole = estimated("mesh.dp_shard=2", "model.n_layers=4", "train.batch_size=8", "train.microbatches=4")
+    state = lambda e: e["peak_categories_mib"]["Sharded Param"] + e["peak_categories_mib"]["OptState"]  # noqa: E731
+    assert state(whole) / state(one_f_one_b) == pytest.approx(2, rel=0.2), "each stage holds half the parameters"
+
+
 def test_estimate_states_its_assumptions_and_whether_it_fits():
     small = estimated("mesh.dp_shard=2", "estimate.device_memory_gib=0.5")
     a = small["assumptions"]
@@ -211,7 +248,8 @@ def saved_by(fn, x):
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["mesh.pp=2", "mesh.dp_shard=2"], "mesh.pp=2: mode=estimate cannot predict this; allowed: 1 "),
+        (["mesh.pp=2", "mesh.dp_shard=2", "mesh.tp=2", "mesh.sequence_parallel=true", "train.microbatches=2"],
+         "mesh.sequence_parallel=true: mode=estimate cannot predict this; allowed with mesh.pp>1: false"),
         (["fsdp.cpu_offload=true", "mesh.world_size=2"], "fsdp.cpu_offload=true: mode=estimate cannot predict this"),
         (["model.compile=true", "mesh.world_size=2"], "model.compile=true: mode=estimate cannot predict this"),
     ],

@@ -19,16 +19,22 @@ ESTIMATE_FILE = "estimate.json"
 
 
 def estimate(run: RunConfig, dims: ParallelDims, around_step: Callable[[], contextlib.AbstractContextManager] | None = None) -> dict:
-    """The predicted allocator peak per rank over one optimizer step after warm-up (`around_step`: see trace_step)."""
-    trace = trace_step(run, dims, around_step=around_step)
+    """The predicted allocator peak per rank over one optimizer step after warm-up (`around_step`: see
+    trace_step). With pipeline stages, every pp rank's (`pp_ranks`), and the breakdown and peak of the
+    largest, which is what must fit."""
+    traces = [trace_step(run, dims, rank=r * (dims.world_size // dims.pp), around_step=around_step) for r in range(dims.pp)]
+    workspace = run.estimate.workspace_mib
+    trace = max(traces, key=lambda t: t.breakdown["peak_mib"])
     report = dict(trace.breakdown)
     for key in ("allocator_peak_mib", "untracked_mib", "tracker_accuracy", "ranks", "device"):
         report.pop(key)
-    peak = report["peak_mib"] + run.estimate.workspace_mib
+    peak = report["peak_mib"] + workspace
+    pipeline = {} if dims.pp == 1 else {"pp_ranks": [
+        {"pp_rank": i, "rank": t.rank, "peak_mib": t.breakdown["peak_mib"] + workspace} for i, t in enumerate(traces)]}
     return {
         "mode": "estimate", "world_size": dims.world_size, "mesh": {**dims.as_dict(), "engine": run.mesh.engine},
         "model": {"name": run.model.name, "params": trace.params}, "rank": trace.rank,
-        "phases_mib": trace.phases_mib, **report, "traced_peak_mib": report["peak_mib"], "peak_mib": peak,
+        "phases_mib": trace.phases_mib, **report, "traced_peak_mib": report["peak_mib"], "peak_mib": peak, **pipeline,
         "assumptions": assumptions(run.estimate, SUBSTITUTED), **verdict(run.estimate, peak),
     }
 
@@ -46,7 +52,9 @@ def run_estimate(run: RunConfig, dims: ParallelDims, run_dir: Path) -> None:
     traced = {**result, "peak_mib": result["traced_peak_mib"]}
     print(render_table(traced, f"Estimated memory per rank: {dims.world_size} ranks ({mesh}), {run.model.name} "
                                f"{result['model']['params'] / 1e6:.1f}M params"), flush=True)
-    print(f"estimate: peak {result['peak_mib']:.1f} MiB per rank (traced {result['traced_peak_mib']:.1f} + "
+    for stage in result.get("pp_ranks", ()):
+        print(f"estimate: pp rank {stage['pp_rank']} (rank {stage['rank']}): peak {stage['peak_mib']:.1f} MiB", flush=True)
+    print(f"estimate: peak {result['peak_mib']:.1f} MiB per rank (rank {result['rank']}: traced {result['traced_peak_mib']:.1f} + "
           f"{run.estimate.workspace_mib:.0f} MiB library workspaces)", flush=True)
     print(_verdict_line(result), flush=True)
 

@@ -22,6 +22,7 @@ from fsdp_lab.config import RunConfig
 from fsdp_lab.data import microbatches
 from fsdp_lab.estimate.cuda_kernels import cuda_kernels
 from fsdp_lab.estimate.fake_world import fake_world
+from fsdp_lab.estimate.pipeline import pipelined_rank
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import build_plain, count_params
 from fsdp_lab.optim import build_optimizer
@@ -48,31 +49,42 @@ class StepTrace:
 def trace_step(run: RunConfig, dims: ParallelDims, rank: int = 0,
                around_step: Callable[[], contextlib.AbstractContextManager] | None = None) -> StepTrace:
     """Rank `rank`'s memory over one optimizer step after warm-up. Rank 0 holds the largest shard
-    where a dimension does not divide evenly, so its figure bounds every rank's. `around_step()` gives
-    a context the measured step runs in, inside the fake mode (mode=plan records the step's ops there)."""
+    where a dimension does not divide evenly, so its figure bounds every rank's; with pipeline
+    stages each pp rank differs (estimate/pipeline.py), and its first rank stands for it. `around_step()`
+    gives a context the measured step runs in, inside the fake mode (mode=plan records the step's ops there)."""
     device = torch.device("cpu")
     with fake_world(dims.world_size, rank), cuda_kernels():
         mesh, dp_mesh = dims.build_meshes(device.type)  # real tensors: outside the fake mode
         with FakeTensorMode():
             model = build_plain(run.model)  # fake: the values do not matter, their sizes do
             params = count_params(model)
-            model = parallelize(model, dims, mesh, dp_mesh, run, device)
-            optimizer = build_optimizer(model.parameters(), run.optim, device)
-            phases = PhaseMemory(device, model, optimizer)
-            breakdown = ModuleBreakdown(model, optimizer, device, step=MEASURED_STEP, gather=False)
-            around = Accumulation(model, run.train.accum).microbatch if run.train.microbatches > 1 else None
             dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
             dp_rank = dp_mesh.get_local_rank()
-            for step in range(MEASURED_STEP):
-                batches = microbatches(
+
+            def batches_of(step: int):
+                return microbatches(
                     unwrap(model), seed=run.train.seed, batch_size=run.train.batch_size,
                     first_sample=(step * dims.dp + dp_rank) * run.train.batch_size,
                     seq_len=run.train.seq_len, n=run.train.microbatches, device=device, dtype=dtype,
                 )
+
+            held = ()  # tensors a step keeps beside its batches (a pipeline's receive buffers)
+            if dims.pp_enabled:
+                model, tracked, schedule = pipelined_rank(model, run, dims, mesh, dp_mesh, device, batches_of(0)[0][0])
+            else:
+                model = tracked = parallelize(model, dims, mesh, dp_mesh, run, device)
+            optimizer = build_optimizer(model.parameters(), run.optim, device)
+            phases = PhaseMemory(device, model, optimizer)
+            breakdown = ModuleBreakdown(tracked, optimizer, device, step=MEASURED_STEP, gather=False)
+            around = Accumulation(model, run.train.accum).microbatch if run.train.microbatches > 1 and not dims.pp_enabled else None
+            for step in range(MEASURED_STEP):
+                batches = batches_of(step)
                 if step + 1 < MEASURED_STEP:
                     train_step(model, optimizer, batches, unmeasured, around)
                     continue
-                with measured(phases, breakdown, batches) as mark, around_step() if around_step else contextlib.nullcontext():
+                if dims.pp_enabled:
+                    held = schedule.buffers
+                with measured(phases, breakdown, (batches, held)) as mark, around_step() if around_step else contextlib.nullcontext():
                     train_step(model, optimizer, batches, mark, around)
             phases.metrics()
     return StepTrace(rank=rank, params=params, breakdown=breakdown.report, phases_mib=phases.summary()["phases_mib"])

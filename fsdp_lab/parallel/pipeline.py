@@ -71,9 +71,11 @@ class PipelinedModel(nn.Module):
 def build_pipeline(
     model: nn.Module, *, stage_cls: type, mesh_cfg: MeshConfig, pp_mesh, n_microbatches: int, seq_len: int,
     device: torch.device, loss_fn: Callable, parallelize_stage: Callable[[nn.Module], nn.Module],
+    schedule_cls: Callable | None = None,
 ) -> PipelinedModel:
     """Split `model` (parameters still on meta) into this pp rank's stages of `stage_cls` (its
-    ModelSpec's pipeline_stage), parallelize each, and schedule them."""
+    ModelSpec's pipeline_stage), parallelize each, and schedule them (`schedule_cls`: in place of
+    mesh.pp_schedule's, called as a single-stage schedule is; mode=estimate's simulation)."""
     pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
     per_rank = stages_per_rank(mesh_cfg)
     n_stages = pp * per_rank
@@ -90,7 +92,7 @@ def build_pipeline(
     stages = [
         PipelineStage(parallelize_stage(make([s])), s, n_stages, device, group=group) for s in stage_ids
     ]
-    schedule_cls = SCHEDULES[mesh_cfg.pp_schedule]
+    schedule_cls = schedule_cls or SCHEDULES[mesh_cfg.pp_schedule]
     if mesh_cfg.pp_schedule in MULTI_STAGE_SCHEDULES:
         schedule = schedule_cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
     else:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import torch
+import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from fsdp_lab.config import RunConfig
@@ -57,4 +59,11 @@ class PhaseMemoryProbe(Probe):
         return self.metrics
 
     def summary(self) -> dict:
-        return {"memory": self.phases.summary()}
+        section = self.phases.summary()
+        if self.phases.on_gpu and dist.is_initialized():
+            # Every rank's peak: pipeline stages (and uneven shards) differ, and no tracker reports them.
+            mine = torch.tensor([section["peak_mib"]], dtype=torch.float64, device=self.phases.device)
+            peaks = mine.new_empty(dist.get_world_size())
+            dist.all_gather_into_tensor(peaks, mine)
+            section["ranks_peak_mib"] = peaks.tolist()
+        return {"memory": section}
