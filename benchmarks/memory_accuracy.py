@@ -80,6 +80,11 @@ def overrides_of(extra: str, common: list[str]) -> list[str]:
     return [*model, *extra.split(), *common]
 
 
+def dir_name(config: str) -> str:
+    """A configuration's run directory: letters, digits, '-' and '_' only (so it copies anywhere)."""
+    return config.replace("+", "_")
+
+
 def first_error(result) -> str:
     return (result.error_lines or result.stderr.splitlines()[-1:] or ["?"])[0]
 
@@ -88,7 +93,7 @@ def estimate(name: str, overrides: list[str], world: int, out_dir: Path, device_
     device = [f"estimate.device_memory_gib={device_memory_gib:.2f}"] if device_memory_gib else []
     # CPU only: the estimate needs no GPU, and must not take memory on the ones the real runs measure.
     est = run_lab("mode=estimate", f"mesh.world_size={world}", *overrides, *device, "logger=none",
-                  run_dir=out_dir / f"{name}-estimate", timeout=1800, env=lab_env(CUDA_VISIBLE_DEVICES=""))
+                  run_dir=out_dir / f"{dir_name(name)}-estimate", timeout=1800, env=lab_env(CUDA_VISIBLE_DEVICES=""))
     if est.returncode != 0:  # the tracker's accuracy is still worth measuring
         return {"estimate_refused": first_error(est)}
     result = json.loads((est.run_dir / "estimate.json").read_text())
@@ -98,9 +103,9 @@ def estimate(name: str, overrides: list[str], world: int, out_dir: Path, device_
 
 def measure(name: str, overrides: list[str], out_dir: Path) -> dict:
     pipelined = any(o.startswith("mesh.pp=") and o != "mesh.pp=1" for o in overrides)
-    real = run_lab(*REAL_RUN, *(() if pipelined else TRACKED), *overrides, run_dir=out_dir / f"{name}-run", timeout=1800)
+    real = run_lab(*REAL_RUN, *(() if pipelined else TRACKED), *overrides, run_dir=out_dir / f"{dir_name(name)}-run", timeout=1800)
     if real.returncode != 0:
-        return {"refused": first_error(real) if real.error_lines else f"run failed: see {real.run_dir}"}
+        return {"refused": first_error(real) if real.error_lines else f"run failed: {first_error(real)}"}
     memory = real.summary["memory"]
     ranks = memory.get("ranks_peak_mib") or [memory["peak_mib"]]
     row = {"allocator_peak_mib": memory["peak_mib"], "worst_rank_allocator_peak_mib": max(ranks), "ranks_allocator_peak_mib": ranks}
@@ -125,9 +130,9 @@ def ratios(row: dict) -> dict:
 
 
 def _cells(r: dict) -> str:
-    if "refused" in r:
-        return f"{r.get('estimate_mib', r.get('estimate_refused', ''))} | {r['refused']} | | | | | | |"
     est = f"{r['estimate_mib']:.0f}" if "estimate_mib" in r else r.get("estimate_refused", "")
+    if "refused" in r:
+        return f"{est} | {r['refused']} | | | | | | |"
     if "allocator_peak_mib" not in r:  # --estimate-only
         return f"{est} | | | | | | | |"
     worst_est = f"{r['estimate_worst_mib']:.0f}" if "estimate_mib" in r else ""
@@ -158,6 +163,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", default=[], metavar="NAME=OVERRIDES",
                         help="a configuration (space-separated overrides); repeatable; default: " + ", ".join(CONFIGS))
+    parser.add_argument("--only", help="comma-separated names of the default configurations to run")
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "benchmarks" / "memory_accuracy")
     parser.add_argument("--jobs", type=int, default=4, help="estimates running at once on the CPU")
     parser.add_argument("--runs", type=int, default=1, help="real runs at once on the GPUs (each process has its own allocator)")
@@ -173,6 +179,8 @@ def main() -> None:
     if on_gpu and not torch.cuda.is_available():
         sys.exit("error: this benchmark compares estimates with the CUDA allocator: it needs GPUs (or --estimate-only / --measured)")
     configs = dict(c.split("=", 1) for c in args.config) if args.config else CONFIGS
+    if args.only:
+        configs = {name: configs[name] for name in args.only.split(",")}
     if measured:
         world, gpu, torch_version = measured["world"], measured["gpu"], measured["torch"]
         memory_gib, common = measured["device_memory_gib"], measured["common_overrides"]

@@ -217,20 +217,31 @@ def test_estimate_states_its_assumptions_and_whether_it_fits():
 
 def test_cuda_kernels_save_what_cuda_saves_and_only_inside_the_estimate():
     """Fused RMSNorm keeps the input and an fp32 rstd per row (checked on an H200: FusedRmsNormBackward0);
-    attention's output is stored (batch, seq, heads, dim), so the reshape before the output
-    projection is a view. Outside, the real modules run (and compute)."""
+    bf16 attention is cuDNN's, whose output follows the query's layout, fp32 attention the
+    memory-efficient kernel's, stored (batch, seq, heads, dim) (checked on an H200 with
+    benchmarks/saved_tensors.py). Outside, the real modules run (and compute)."""
     original = (torch.nn.RMSNorm.forward, torch.nn.functional.scaled_dot_product_attention)
     with FakeTensorMode():
         x = torch.randn(2, 8, 16, dtype=torch.bfloat16, requires_grad=True)
         norm = torch.nn.RMSNorm(16, dtype=torch.bfloat16)
         q = torch.randn(2, 8, 4, 4, dtype=torch.bfloat16, requires_grad=True).transpose(1, 2)
+        attention = lambda t: torch.nn.functional.scaled_dot_product_attention(t, t, t, is_causal=True)  # noqa: E731
+        cudnn_layouts = {}
         with cuda_kernels():
             norm_saved, norm_out = saved_by(norm, x)
-            attn_saved, attn_out = saved_by(lambda t: torch.nn.functional.scaled_dot_product_attention(t, t, t, is_causal=True), q)
+            attn_saved, attn_out = saved_by(attention, q)  # head size 4: not cuDNN's
+            for dtype in (torch.bfloat16, torch.float32):
+                contiguous = torch.randn(2, 4, 8, 8, dtype=dtype, requires_grad=True)  # as rotary embeddings leave q
+                saved, out = saved_by(attention, contiguous)
+                cudnn_layouts[dtype] = (out.is_contiguous(), saved[3])
         cpu_saved, _ = saved_by(norm, x)
     assert sorted(norm_saved, key=str) == sorted([((2, 8, 16), torch.bfloat16), ((16,), torch.bfloat16), ((2, 8, 1), torch.float32)], key=str)
     assert len(cpu_saved) > len(norm_saved), "the CPU composite saves more"
     assert attn_out.transpose(1, 2).is_contiguous() and ((2, 4, 32), torch.float32) in attn_saved, "logsumexp rows rounded up to 32"
+    assert cudnn_layouts == {
+        torch.bfloat16: (True, ((2, 4, 8, 1), torch.float32)),  # cuDNN: the query's layout; the reshape copies
+        torch.float32: (False, ((2, 4, 32), torch.float32)),  # memory-efficient: (batch, seq, heads, dim)
+    }
     assert (torch.nn.RMSNorm.forward, torch.nn.functional.scaled_dot_product_attention) == original
     estimated("mesh.dp_shard=2")
     assert (torch.nn.RMSNorm.forward, torch.nn.functional.scaled_dot_product_attention) == original

@@ -6,12 +6,15 @@ dtypes and layouts, in the order the CUDA kernel creates and frees them:
 
 - `nn.RMSNorm`: CUDA runs the fused kernel (`_fused_rms_norm`), which saves the input and the fp32
   `rstd` per row; the CPU composite also keeps the fp32 upcast and the normalised input.
-- `F.scaled_dot_product_attention`: CUDA runs cuDNN or flash attention (fp16/bf16) or the
-  memory-efficient kernel (fp32, or with a mask); each lays its output out (batch, seq, heads, dim),
-  so the `transpose(1, 2).reshape` before the output projection is a view of it, and saves q, k, v,
-  the output and an fp32 logsumexp per row. The CPU kernel's output is (batch, heads, seq, dim), and
-  the reshape copies it. The replacement calls the memory-efficient kernel's op, whose fake
-  (meta) implementation allocates as CUDA does (and mode=plan records it as attention).
+- `F.scaled_dot_product_attention`: on Hopper (torch 2.11, checked on an H200 with
+  benchmarks/saved_tensors.py) bf16/fp16 runs cuDNN attention, whose output follows the query's
+  layout: a contiguous (batch, heads, seq, dim) query (rotary embeddings make one) gives a
+  contiguous output, so the `transpose(1, 2).reshape` before the output projection copies it and
+  the projection saves the copy beside it. fp32 (or a mask, or a head size cuDNN does not take)
+  runs the memory-efficient kernel, which lays its output out (batch, seq, heads, dim): there the
+  reshape is a view. Both save q, k, v, the output and an fp32 logsumexp per row. The replacement
+  calls the op CUDA would run; their fake (meta) implementations allocate as CUDA does, and
+  mode=plan records them as attention.
 - Adam's step: a GPU run fuses it (one kernel updating every tensor in place, nothing allocated);
   the fake CPU device takes the single-tensor path, which adds parameter-sized temporaries, and over
   fake DTensors on torch 2.11 gathers whole tensors. The replacement updates each parameter's local
@@ -31,8 +34,9 @@ from torch.distributed.tensor import DTensor, Partial
 
 SUBSTITUTED = {
     "nn.RMSNorm": "CUDA fused RMSNorm: saves the input and fp32 rstd per row",
-    "F.scaled_dot_product_attention": "CUDA memory-efficient attention (cuDNN/flash allocate alike): "
-                                      "output laid out (batch, seq, heads, dim), saves q, k, v, output, logsumexp",
+    "F.scaled_dot_product_attention": "CUDA cuDNN attention for bf16/fp16 (output in the query's layout), else the "
+                                      "memory-efficient kernel (output laid out (batch, seq, heads, dim)); both save "
+                                      "q, k, v, output, logsumexp",
     "Adam/AdamW step": "CUDA fused Adam: every tensor updated in place, nothing allocated",
 }
 
@@ -66,10 +70,22 @@ def _sdpa(original):
         plain = not any(isinstance(t, DTensor) for t in (query, key, value, attn_mask))
         if not plain or enable_gqa or query.dim() != 4 or query.shape[1] != key.shape[1]:
             return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if _takes_cudnn(query, attn_mask, dropout_p):
+            return torch.ops.aten._scaled_dot_product_cudnn_attention(
+                query, key, value, None, True, dropout_p, is_causal, False, scale=scale,
+            )[0]
         return torch.ops.aten._scaled_dot_product_efficient_attention(
             query, key, value, attn_mask, True, dropout_p, is_causal, scale=scale,
         )[0]
     return sdpa
+
+
+def _takes_cudnn(query: torch.Tensor, attn_mask, dropout_p: float) -> bool:
+    """Whether CUDA's dispatcher picks cuDNN attention on Hopper: half precision, no mask, no
+    dropout, a head size that is a multiple of 8 up to 128."""
+    head = query.shape[-1]
+    return (query.dtype in (torch.bfloat16, torch.float16) and attn_mask is None and not dropout_p
+            and head % 8 == 0 and head <= 128)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
