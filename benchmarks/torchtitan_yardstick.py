@@ -16,6 +16,7 @@ import types
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import loss_parallel
 from yardstick_loop import init_process_group, parse_args, time_steps
 
@@ -41,13 +42,14 @@ def import_torchtitan():
     from torchtitan.config import JobConfig
     from torchtitan.distributed import ParallelDims
     from torchtitan.models.llama3 import Transformer, TransformerModelArgs, parallelize_llama
-    return build_cross_entropy_loss, JobConfig, ParallelDims, Transformer, TransformerModelArgs, parallelize_llama
+    from torchtitan.models.llama3.infra.parallelize import apply_fsdp
+    return build_cross_entropy_loss, JobConfig, ParallelDims, Transformer, TransformerModelArgs, parallelize_llama, apply_fsdp
 
 
 def main() -> None:
     a = parse_args(__doc__, ac=("none", "selective", "full"))
     device = init_process_group()
-    build_loss, JobConfig, ParallelDims, Transformer, TransformerModelArgs, parallelize_llama = import_torchtitan()
+    build_loss, JobConfig, ParallelDims, Transformer, TransformerModelArgs, parallelize_llama, apply_fsdp = import_torchtitan()
     # torchtitan sizes SwiGLU as multiple_of * ceil((8 * dim / 3) / multiple_of): multiple_of = ffn_dim
     # gives ffn_dim exactly wherever 8 * dim / 3 <= ffn_dim < 16 * dim / 3 (both benchmark shapes).
     args = TransformerModelArgs(dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads, vocab_size=a.vocab_size,
@@ -73,6 +75,11 @@ def main() -> None:
     if hidden != a.ffn_dim:
         sys.exit(f"torchtitan sized the MLP {hidden}, not --ffn-dim {a.ffn_dim}")
     model = parallelize_llama(model, dims, job)
+    if world == 1:
+        # parallelize_llama shards only over more than one rank; on one GPU its own FSDP wrapping is
+        # what gives the bf16 parameters and float32 reduction the lab's one-rank FSDP has.
+        apply_fsdp(model, init_device_mesh(device.type, (1,)), param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                   pp_enabled=False, reshard_after_forward_policy=job.parallelism.fsdp_reshard_after_forward)
     model.to_empty(device=device)
     with torch.no_grad():
         model.init_weights(buffer_device=device)

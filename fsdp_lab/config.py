@@ -59,7 +59,7 @@ class ModelConfig:
     name: str = "transformer"
     """Model family: a name registered in fsdp_lab/models/__init__.py (conf/model/NAME.yaml)."""
     compile: bool = False
-    """torch.compile each block before sharding."""
+    """torch.compile each block before sharding, and the loss (fsdp_lab.step.compiled_loss_fn)."""
     freeze: Optional[str] = None
     """Regex over parameter names; matching parameters get requires_grad=False (fine-tuning)."""
 

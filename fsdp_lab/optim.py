@@ -59,9 +59,10 @@ def _reduce_over(value: torch.Tensor, groups) -> torch.Tensor:
     return value
 
 
-def _sq(local: torch.Tensor) -> torch.Tensor:
-    # The norm first (no float64 copy of the gradient), then its square in float64.
-    return torch.linalg.vector_norm(local.detach()).double().square()
+def _sq_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of the tensors' squared norms: each norm in the tensors' dtype (no float64 copy of a
+    gradient), one multi-tensor kernel for all of them, then squared and summed in float64."""
+    return torch.stack(torch._foreach_norm(tensors)).double().square().sum()
 
 
 def _sharded_dims(grad: DTensor) -> tuple[int, ...]:
@@ -73,22 +74,30 @@ def _sharded_dims(grad: DTensor) -> tuple[int, ...]:
 def grad_sq_sum(model: nn.Module, device: torch.device) -> torch.Tensor:
     """The squared gradient norm of what this rank's parameters span, summed over the mesh
     dimensions each DTensor gradient is sharded on (float64, on `device`: the collectives' device,
-    also when the gradients are offloaded to the CPU)."""
-    plain = torch.zeros((), dtype=torch.float64, device=device)
-    sharded: dict[tuple, tuple] = {}
+    also when the gradients are offloaded to the CPU). The local tensors are grouped by the mesh
+    dimensions to sum over, device and dtype: one norm kernel per group, not one per parameter."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    meshes: dict[int, object] = {}
     for g in (p.grad for p in model.parameters() if p.grad is not None):
+        mesh, dims = None, ()
         if isinstance(g, DTensor):
             if any(p.is_partial() for p in g.placements):  # summands, not parts: sum them first
                 g = g.redistribute(placements=[Replicate() if p.is_partial() else p for p in g.placements])
-            dims = _sharded_dims(g)
-            key = (id(g.device_mesh), dims)
-            part = sharded.setdefault(key, (g.device_mesh, dims, torch.zeros_like(plain)))[2]
-            part += _sq(g.to_local()).to(device)
+            mesh, dims = g.device_mesh, _sharded_dims(g)
+            meshes[id(mesh)] = mesh
+            g = g.to_local()
+        groups.setdefault((id(mesh) if mesh is not None else None, dims, g.device, g.dtype), []).append(g.detach())
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    sharded: dict[tuple, torch.Tensor] = {}
+    for (mesh_id, dims, _, _), tensors in groups.items():
+        part = _sq_sum(tensors).to(device)
+        if dims:
+            sharded[mesh_id, dims] = sharded.get((mesh_id, dims), 0) + part
         else:
-            plain += _sq(g).to(device)
-    for mesh, dims, part in sharded.values():
-        plain += _reduce_over(part, [mesh.get_group(d) for d in dims])
-    return plain
+            total += part
+    for (mesh_id, dims), part in sharded.items():
+        total += _reduce_over(part, [meshes[mesh_id].get_group(d) for d in dims])
+    return total
 
 
 @torch.no_grad()
@@ -107,16 +116,16 @@ def grad_norm(model: nn.Module, device: torch.device, pp_group=None) -> torch.Te
 
 @torch.no_grad()
 def clip_to(model: nn.Module, max_norm: float, total_norm: torch.Tensor) -> None:
-    """Scale every local gradient by max_norm / total_norm when the total exceeds max_norm."""
+    """Scale every local gradient by max_norm / total_norm when the total exceeds max_norm: one
+    multi-tensor kernel per device and dtype (offloaded gradients live on the CPU)."""
     coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
-    coefs: dict[tuple, torch.Tensor] = {}  # one copy per device and dtype (offloaded gradients live on the CPU)
+    groups: dict[tuple, list[torch.Tensor]] = {}
     for p in model.parameters():
         if p.grad is not None:
             g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            key = (g.device, g.dtype)
-            if key not in coefs:
-                coefs[key] = coef.to(device=g.device, dtype=g.dtype)
-            g.mul_(coefs[key])
+            groups.setdefault((g.device, g.dtype), []).append(g)
+    for (device, dtype), grads in groups.items():
+        torch._foreach_mul_(grads, coef.to(device=device, dtype=dtype))
 
 
 @dataclass

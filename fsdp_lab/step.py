@@ -4,10 +4,12 @@ the optimizer step; and the phase marks the probes read between them."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from fsdp_lab.cross_entropy import cross_entropy
@@ -28,6 +30,18 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return cross_entropy(logits.flatten(0, -2), targets.flatten())
 
 
+def _upcast_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, -2).to(torch.promote_types(logits.dtype, torch.float32)), targets.flatten())
+
+
+@functools.cache
+def compiled_loss_fn() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss of model.compile=true (compiled on its first call): inductor fuses the upcast into
+    the log-softmax's reductions and recomputes the softmax in backward from the logits, so it keeps
+    no float32 copy of them either, in a few fused kernels instead of the slices' many."""
+    return torch.compile(_upcast_loss)
+
+
 def global_mean(local: torch.Tensor, group) -> float:
     """The mean of a per-rank value over the data-parallel group."""
     value = local.clone()
@@ -41,7 +55,7 @@ def unmeasured(phase: str) -> None:
 
 def forward_backward(
     model: nn.Module, batches, mark: Callable[[str], None],
-    around_microbatch: Callable[[int, int], contextlib.AbstractContextManager] | None,
+    around_microbatch: Callable[[int, int], contextlib.AbstractContextManager] | None, loss: Callable = loss_fn,
 ) -> torch.Tensor:
     """Forward and backward of every microbatch, each loss divided by their number, so the
     accumulated gradient equals that of one pass over the whole batch; returns the mean loss."""
@@ -55,27 +69,28 @@ def forward_backward(
         with around_microbatch(i, len(batches)) if around_microbatch else contextlib.nullcontext():
             logits = model(inputs)
             mark("after_fwd")
-            loss = loss_fn(logits, targets) / len(batches)
+            value = loss(logits, targets) / len(batches)
             mark("after_loss")
-            loss.backward()
+            value.backward()
             mark("after_bwd")
-        total = total + loss.detach()  # out of place: a float64 loss stays float64
+        total = total + value.detach()  # out of place: a float64 loss stays float64
     return total
 
 
 def train_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, batches, mark: Callable[[str], None],
     around_microbatch: Callable[[int, int], contextlib.AbstractContextManager] | None = None,
-    before_update: Callable[[], torch.Tensor | None] | None = None,
+    before_update: Callable[[], torch.Tensor | None] | None = None, loss: Callable = loss_fn,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step over the microbatches; returns this rank's mean loss (detached) and what
     `before_update` returned (the pre-clip gradient norm).
 
     `around_microbatch(index, count)` gives the context each microbatch's forward+backward runs in
     (gradient accumulation policy, collective counting); `before_update()` runs between the last
-    backward and the optimizer step (fault injection, gradient norm and clipping)."""
+    backward and the optimizer step (fault injection, gradient norm and clipping); `loss(logits,
+    targets)` the microbatch's loss."""
     mark("start")
-    total = forward_backward(model, batches, mark, around_microbatch)
+    total = forward_backward(model, batches, mark, around_microbatch, loss)
     norm = before_update() if before_update is not None else None
     optimizer.step()
     mark("after_step")

@@ -20,7 +20,7 @@ from fsdp_lab.fault import Faults
 from fsdp_lab.optim import Optimization, Optimized
 from fsdp_lab.probes.base import Probe, StepResult
 from fsdp_lab.probes.parity import unwrap
-from fsdp_lab.step import IN_FLIGHT_AFTER, forward_backward, global_mean, train_step, unmeasured
+from fsdp_lab.step import IN_FLIGHT_AFTER, forward_backward, global_mean, loss_fn, train_step, unmeasured
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class Trainer(Optimized):
     def __init__(
         self, *, model: nn.Module, optim: Optimization, train: TrainConfig, probes: list[Probe], faults: Faults,
         dp_rank: int, dp_group, device: torch.device, on_step: Callable[[dict], None],
-        accumulation: Accumulation | None = None, extras: list | None = None, reference=None,
+        accumulation: Accumulation | None = None, extras: list | None = None, reference=None, loss: Callable = loss_fn,
     ):
         self.model, self.optim = model, optim
         self.train, self.probes, self.faults = train, probes, faults
@@ -40,6 +40,8 @@ class Trainer(Optimized):
         """Steps after each optimizer step (fsdp_lab.standalone.StandaloneLayer)."""
         self.reference = reference
         """The parity reference, which checkpoints save and restore with the model (or None)."""
+        self.loss = loss
+        """loss(logits, targets) of a microbatch (fsdp_lab.step)."""
         self.last_loss: float | None = None
         self.data = DataPosition(global_batch=dist.get_world_size(dp_group) * train.batch_size)
         self.activity = "setup"
@@ -73,7 +75,7 @@ class Trainer(Optimized):
         return self.optim.clip()
 
     def _replay(self, step: int, batches) -> None:
-        forward_backward(self.model, batches, unmeasured, self.accumulation.microbatch if self.accumulation else None)
+        forward_backward(self.model, batches, unmeasured, self.accumulation.microbatch if self.accumulation else None, self.loss)
         self.faults.corrupt_grads(self.model, step)
 
     def _batches(self, step: int):
@@ -94,6 +96,7 @@ class Trainer(Optimized):
             with self._around_step(step, batches) as mark:
                 local_loss, norm = train_step(
                     self.model, self.optimizer, batches, mark, self._around_microbatch, functools.partial(self._before_update, step),
+                    self.loss,
                 )
             loss = global_mean(local_loss, self.dp_group)  # .item() inside: the step's kernels are done
             row = {"step": step + 1, "loss": loss, "grad/norm": float(norm), "lr": lr}

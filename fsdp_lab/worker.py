@@ -38,7 +38,7 @@ from fsdp_lab.probes.registry import build_probes
 from fsdp_lab.sinks.files import MetricsFile, keep_metrics_through, read_metrics, write_summary
 from fsdp_lab.sinks.wandb_sink import WandbSink, mesh_job_type
 from fsdp_lab.standalone import StandaloneLayer
-from fsdp_lab.step import loss_fn
+from fsdp_lab.step import compiled_loss_fn, loss_fn
 from fsdp_lab.summary import base_summary, finished
 from fsdp_lab.train import Trainer
 
@@ -145,10 +145,11 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step,
     if not shard_first:
         init.materialise(model, ctx.device)
     parallelize_one = partial(parallelize, dims=dims, mesh=mesh, dp_mesh=dp_mesh, run=run, device=ctx.device)
+    loss = compiled_loss_fn() if run.model.compile else loss_fn
     if dims.pp_enabled:
         model = build_pipeline(
             model, stage_cls=model_spec(run.model.name).pipeline_stage, mesh_cfg=run.mesh, pp_mesh=mesh["pp"], n_microbatches=run.train.microbatches,
-            seq_len=run.train.seq_len, device=ctx.device, loss_fn=loss_fn, parallelize_stage=parallelize_one,
+            seq_len=run.train.seq_len, device=ctx.device, loss_fn=loss, parallelize_stage=parallelize_one,
         )
     else:
         model = parallelize_one(model)
@@ -174,7 +175,7 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step,
         model=model, optim=optim, train=run.train, probes=probes, faults=Faults(run.fault, ctx.rank),
         dp_rank=dp_mesh.get_local_rank(), dp_group=dp_mesh.get_group(), device=ctx.device, on_step=on_step,
         accumulation=Accumulation(model, run.train.accum) if run.train.microbatches > 1 else None,
-        extras=extras, reference=next((p.reference for p in probes if p.reference is not None), None),
+        extras=extras, reference=next((p.reference for p in probes if p.reference is not None), None), loss=loss,
     )
 
 

@@ -14,17 +14,36 @@ from fsdp_lab.config import TransformerConfig
 from fsdp_lab.models.blocks import call_block, repeated_block_params
 
 
-def rotary_cos_sin(seq_len: int, head_dim: int, device: torch.device, base: float = 10000.0):
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+class RotaryTables:
+    """The rotary cos/sin tables per (seq_len, device, dtype), computed on first use: once per run,
+    not per step, and already in the activations' dtype, so no block casts them.
+
+    Laid out for `apply_rotary` on (batch, seq, heads, head_dim): shape (seq, 1, head_dim), each
+    frequency's value repeated for its (even, odd) pair, sin negated on the even lanes."""
+
+    def __init__(self, head_dim: int, base: float = 10000.0):
+        self.head_dim, self.base = head_dim, base
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (seq_len, device, dtype)
+        if key not in self._tables:
+            inv_freq = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32) / self.head_dim))
+            angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+            cos = angles.cos().repeat_interleave(2, dim=-1)
+            sin = torch.stack((-angles.sin(), angles.sin()), dim=-1).flatten(-2)
+            self._tables[key] = (cos[:, None].to(dtype), sin[:, None].to(dtype))
+        return self._tables[key]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (batch, heads, seq, head_dim); rotate pairs (even, odd) of the last dimension.
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    """Rotate each (even, odd) pair of x's last dimension, x: (batch, seq, heads, head_dim):
+    (x1 cos - x2 sin, x1 sin + x2 cos), the same products and sums in x's dtype as the pairwise
+    form, in 4 elementwise kernels instead of 7."""
+    if cos.dtype != x.dtype:
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x2, x1) in each pair
+    return x * cos + swapped * sin
 
 
 class Attention(nn.Module):
@@ -38,9 +57,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
-        q, k, v = (w(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        q, k, v = (w(x).view(bsz, seq, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        # Rotated before the heads move in front of the sequence: contiguous rows, no strided lanes.
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
 
@@ -73,6 +93,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.dim // cfg.n_heads
+        self.rotary = RotaryTables(self.head_dim)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(
             TransformerBlock(cfg.dim, cfg.n_heads, cfg.ffn_dim, cfg.norm_eps) for _ in range(cfg.n_layers)
@@ -89,7 +110,7 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
-        cos, sin = rotary_cos_sin(tokens.shape[1], self.head_dim, tokens.device)
+        cos, sin = self.rotary(tokens.shape[1], h.device, h.dtype)
         for i in self.layer_order:
             h = call_block(self, i, self.layers[i], h, cos, sin)
         return self.output(self.norm(h))

@@ -13,7 +13,7 @@ from fsdp_lab.models.blocks import call_block
 from fsdp_lab.models.spec import ModelSpec, TPPlan
 from fsdp_lab.models.stage import Stage
 from fsdp_lab.models.tp_styles import HiddenColwise
-from fsdp_lab.models.transformer import Transformer, rotary_cos_sin
+from fsdp_lab.models.transformer import Transformer
 
 
 def tp_plan(cfg: TransformerConfig, sequence_parallel: bool) -> TPPlan:
@@ -53,13 +53,13 @@ class TransformerStage(Stage):
         self.tok_embeddings = model.tok_embeddings if first else None
         self.norm = model.norm if last else None
         self.output = model.output if last else None
-        self.head_dim, self.seq_len = model.head_dim, seq_len
+        self.rotary, self.seq_len = model.rotary, seq_len
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(h)
         # From the configured length, not h: with sequence parallelism a stage receives only its shard.
-        cos, sin = rotary_cos_sin(self.seq_len, self.head_dim, h.device)
+        cos, sin = self.rotary(self.seq_len, h.device, h.dtype)
         for i, layer in enumerate(self.blocks):
             h = call_block(self, i, layer, h, cos, sin)
         if self.output is not None:
