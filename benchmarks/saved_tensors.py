@@ -16,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from fsdp_lab.estimate.cuda_kernels import cuda_kernels
-from fsdp_lab.models.transformer import TransformerBlock, rotary_cos_sin
+from fsdp_lab.models.transformer import RotaryTables, TransformerBlock
 
 MIB = 2**20
 
@@ -30,7 +30,7 @@ def saved_by_block(dtype: torch.dtype, device: str, *, batch: int, seq: int, dim
     finally:
         torch.set_default_dtype(default)
     x = torch.randn(batch, seq, dim, device=device, dtype=dtype, requires_grad=True)
-    cos, sin = rotary_cos_sin(seq, dim // heads, torch.device(device))
+    cos, sin = RotaryTables(dim // heads)(seq, torch.device(device), dtype)
     saved, storages = [], {}
 
     def pack(t: torch.Tensor):

@@ -8,9 +8,10 @@ dtypes and layouts, in the order the CUDA kernel creates and frees them:
   `rstd` per row; the CPU composite also keeps the fp32 upcast and the normalised input.
 - `F.scaled_dot_product_attention`: on Hopper (torch 2.11, checked on an H200 with
   benchmarks/saved_tensors.py) bf16/fp16 runs cuDNN attention, whose output follows the query's
-  layout: a contiguous (batch, heads, seq, dim) query (rotary embeddings make one) gives a
-  contiguous output, so the `transpose(1, 2).reshape` before the output projection copies it and
-  the projection saves the copy beside it. fp32 (or a mask, or a head size cuDNN does not take)
+  layout: a contiguous (batch, heads, seq, dim) query gives a contiguous output, so the
+  `transpose(1, 2).reshape` before the output projection copies it and the projection saves the
+  copy beside it; the lab's transformer rotates q and k laid out (batch, seq, heads, dim) and
+  transposes them after, so its output keeps that layout and the reshape is a view. fp32 (or a mask, or a head size cuDNN does not take)
   runs the memory-efficient kernel, which lays its output out (batch, seq, heads, dim): there the
   reshape is a view. Both save q, k, v, the output and an fp32 logsumexp per row. The replacement
   calls the op CUDA would run; their fake (meta) implementations allocate as CUDA does, and
