@@ -1,18 +1,23 @@
 """Measure the device table `mode=plan` costs a step with: matmul and attention throughput by shape,
-memory bandwidth by size, host time per eager op (plain and DTensor), and NCCL all-gather,
-reduce-scatter and all-reduce time by message size over the GPUs of this node.
+memory bandwidth by size, NCCL all-gather, reduce-scatter and all-reduce time by message size over the
+GPUs of this node, and the host's time to issue a step (fsdp_lab/plan/host.py: a tiny model's steps
+through the lab's own trainer, per op dispatched, per TP matmul, per compiled kernel).
 
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --out fsdp_lab/plan/devices/h200.json
+    torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --host-only --out fsdp_lab/plan/devices/h200.json
 
-Rank 0 writes the table; every rank takes part in the collectives. `--quick` (and a CPU machine)
-runs tiny shapes, to check the script itself."""
+Rank 0 writes the table; every rank takes part in the collectives. `--host-only` measures the host
+section alone into an existing table. `--quick` (and a CPU machine) runs tiny shapes, to check the
+script itself."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -81,34 +86,18 @@ def bandwidth(device, sizes_mib, iters):
     return rows
 
 
-def host_per_op(device, world: int) -> dict:
-    """Seconds of host time per eager op issued back to back (tiny tensors, no synchronisation),
-    for plain tensors and for DTensors on a mesh of every rank (TP's eager dispatch)."""
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from torch.distributed.device_mesh import init_device_mesh
+def host_step_times(world: int) -> dict[str, float]:
+    """The tiny model's timed runs (fsdp_lab/plan/host.py) in these ranks: seconds per step by run."""
+    from fsdp_lab.plan.host import host_runs
 
-    n = 2000
-    x = torch.ones(8, 8, device=device)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from runs_in_ranks import run_all
 
-    def per_op(fn, count):
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(count):
-            fn()
-        seconds = time.perf_counter() - t
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return seconds / count
-
-    plain = per_op(lambda: x.add_(1.0), n)
-    mesh = init_device_mesh(device.type, (world,))
-    w = distribute_tensor(torch.ones(64, 64, device=device), mesh, [Shard(0)])
-    r = distribute_tensor(torch.ones(8, 64, device=device), mesh, [Replicate()])
-    dtensor_add = per_op(lambda: r.add_(1.0), n // 4)
-    dtensor_linear = per_op(lambda: F.linear(r, w), n // 4)
-    return {"plain_op_s": plain, "dtensor_op_s": dtensor_add, "dtensor_linear_s": dtensor_linear}
+    rows = run_all(host_runs(world))
+    failed = [r for r in rows if "error" in r]
+    if failed:
+        raise RuntimeError(f"host runs failed: {failed}")
+    return {r["config"]: r["step_time_s"] for r in rows}
 
 
 def collectives(device, world: int, sizes_mib, iters):
@@ -129,6 +118,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="tiny shapes (checks the script; CPU)")
+    p.add_argument("--host-only", action="store_true", help="measure the host section alone into the existing --out table")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
@@ -136,28 +126,43 @@ def main() -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    quick = args.quick or not cuda
+    if args.host_only:
+        table = json.loads(Path(args.out).read_text())
+    else:
+        table = {"name": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__, "measured": True}
+        measure_kernels(table, device, rank, world, quick=args.quick or not cuda)
+    step_s = host_step_times(world)
+    if rank == 0:
+        print(json.dumps({"host_step_s": step_s}), flush=True)
+    dist.destroy_process_group()  # the plan's trace below runs on a fake process group of its own
+    if rank == 0:
+        from fsdp_lab.plan.host import fit_host, traced_counts
+
+        table["host"] = {**fit_host(step_s, traced_counts(world)),
+                         "measured_on": f"{torch.cuda.get_device_name(device) if cuda else 'cpu'} x{world}, torch {torch.__version__}"}
+        Path(args.out).write_text(json.dumps(table, indent=1))
+        print(json.dumps({k: table[k] for k in ("name", "host") if k in table}), flush=True)
+
+
+def measure_kernels(table: dict, device, rank: int, world: int, quick: bool) -> None:
+    """Matmul, attention and bandwidth on rank 0's GPU; the collectives over every rank."""
     iters = 3 if quick else 10
     mm_shapes = [(64, 32, 48), (128, 64, 64)] if quick else MATMULS
     attn_shapes = [(1, 2, 32, 16)] if quick else ATTENTION
     bw_sizes = (1,) if quick else BANDWIDTH_MIB
     comm_sizes = (1, 2) if quick else COLLECTIVE_MIB
-    table = {"name": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__, "measured": True}
     if rank == 0:  # compute alone on one GPU: the others wait at the barrier, off the GPU's clock
         t0 = time.perf_counter()
         table["matmul"] = {"bfloat16": matmuls(device, torch.bfloat16, mm_shapes, iters),
                            "float32": matmuls(device, torch.float32, mm_shapes[::4], iters)}
         table["attention"] = {"bfloat16": attention(device, torch.bfloat16, attn_shapes, iters)}
         table["bandwidth"] = bandwidth(device, bw_sizes, iters)
+        if device.type == "cuda":
+            table["memory_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
         print(f"compute measured in {time.perf_counter() - t0:.1f}s", flush=True)
     dist.barrier()
-    table["host"] = host_per_op(device, world)
-    table["collectives"] = {"intra_node": collectives(device, world, comm_sizes, iters)}
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(table, f, indent=1)
-        print(json.dumps({k: table[k] for k in ("name", "host")}), flush=True)
-    dist.destroy_process_group()
+    if world > 1:
+        table["collectives"] = {"intra_node": collectives(device, world, comm_sizes, iters)}
 
 
 if __name__ == "__main__":

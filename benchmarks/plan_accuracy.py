@@ -1,13 +1,14 @@
 """How close `mode=plan`'s step-time prediction is to real runs: a fixed set of configurations on the
-visible GPUs, each run by the lab (probes off but memory, so the step is the bare loop), each predicted
-by the plan's model in this process, printed side by side with the error.
+visible GPUs, each run by the lab's own trainer (the parity reference and W&B off), one after another in
+the ranks of one torchrun (benchmarks/runs_in_ranks.py), each predicted by the plan's model on the CPU,
+printed side by side with the error; and how the plan ranks the measured layouts of one model.
 
-    python benchmarks/plan_accuracy.py --out accuracy/              # GPUs: measure, then predict
-    python benchmarks/plan_accuracy.py --measure-only --out accuracy/
-    python benchmarks/plan_accuracy.py --predict-from accuracy/measured.json --device h200 --gpus-per-node 8
+    torchrun --nproc-per-node 2 benchmarks/plan_accuracy.py --out accuracy/     # GPUs: measure only
+    python benchmarks/plan_accuracy.py --predict-from accuracy/measured.json --device h200 --out accuracy/
 
 Measured rows are written to OUT/measured.json as they come (a cut-off run keeps what it measured);
-the table goes to OUT/accuracy.md."""
+the table goes to OUT/accuracy.md. Nothing measured feeds the prediction: the device table's figures
+come from benchmarks/calibrate_device.py alone."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-from lab import run_lab  # noqa: E402
+sys.path.insert(0, str(REPO / "benchmarks"))
+from runs_in_ranks import is_rank, run_all  # noqa: E402
 
 COMMON = ("fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32", "train.seq_len=2048", "train.steps=6",
           "probes.perf.warmup_steps=3", "probes.parity.enabled=false", "logger=none")
@@ -27,7 +28,7 @@ LLAMA_1B = ("model.dim=2048", "model.n_layers=16", "model.n_heads=16", "model.ff
 LLAMA_150M = ("model.dim=1024", "model.n_layers=8", "model.n_heads=8", "model.ffn_dim=2816", "model.vocab_size=32000")
 LAYOUTS = {"fsdp": (), "hsdp": ("mesh.dp_replicate=2",), "tp2d": ("mesh.tp=2",)}
 # name -> (model, layout, extra overrides); batch 4 per dp rank (tp2d: 8, the same tokens per GPU pair)
-CONFIGS = {  # the most telling first: a run cut off by a time limit keeps these
+CONFIGS = {  # eager first, then compiled: a run cut off by a time limit keeps the most
     "1b fsdp": (LLAMA_1B, "fsdp", ()),
     "150m fsdp": (LLAMA_150M, "fsdp", ()),
     "1b tp2d": (LLAMA_1B, "tp2d", ("train.batch_size=8",)),
@@ -35,12 +36,14 @@ CONFIGS = {  # the most telling first: a run cut off by a time limit keeps these
     "1b fsdp ac": (LLAMA_1B, "fsdp", ("ac=full",)),
     "150m tp2d": (LLAMA_150M, "tp2d", ("train.batch_size=8",)),
     "150m hsdp ac": (LLAMA_150M, "hsdp", ("ac=full",)),
-    "1b fsdp compile": (LLAMA_1B, "fsdp", ("model.compile=true",)),
     "150m fsdp ac": (LLAMA_150M, "fsdp", ("ac=full",)),
     "1b fsdp no-reshard": (LLAMA_1B, "fsdp", ("fsdp.reshard_after_forward=false",)),
     "1b fsdp mb2": (LLAMA_1B, "fsdp", ("train.microbatches=2",)),
+    "1b fsdp compile": (LLAMA_1B, "fsdp", ("model.compile=true",)),
     "150m fsdp compile": (LLAMA_150M, "fsdp", ("model.compile=true",)),
     "1b tp2d compile": (LLAMA_1B, "tp2d", ("train.batch_size=8", "model.compile=true")),
+    "1b hsdp ac compile": (LLAMA_1B, "hsdp", ("ac=full", "model.compile=true")),
+    "150m tp2d compile": (LLAMA_150M, "tp2d", ("train.batch_size=8", "model.compile=true")),
 }
 
 
@@ -50,20 +53,11 @@ def overrides_of(name: str) -> list[str]:
 
 
 def measure(out: Path, names: list[str]) -> list[dict]:
-    rows = []
-    for name in names:
-        result = run_lab(*overrides_of(name), timeout=600)
-        row = {"config": name, "overrides": overrides_of(name)}
-        if result.returncode != 0:
-            row["error"] = (result.error_lines or result.stderr.splitlines()[-3:] or ["?"])[-1]
-        else:
-            s = result.summary
-            row.update(step_time_s=s["perf"]["step_time_s"], peak_mib=s["memory"]["peak_mib"], mfu=s["perf"]["mfu"],
-                       tokens_per_s=s["perf"]["tokens_per_s"], world_size=s["world_size"])
-        rows.append(row)
+    def written(row, rows):
         print(json.dumps(row), flush=True)
         (out / "measured.json").write_text(json.dumps(rows, indent=1))
-    return rows
+
+    return run_all([(name, overrides_of(name)) for name in names], on_row=written)
 
 
 def predict(rows: list[dict], device: str, gpus_per_node: int) -> list[dict]:
@@ -94,21 +88,56 @@ def markdown(rows: list[dict], device: str) -> str:
     return "\n".join(lines)
 
 
+def ranking(rows: list[dict], device: str, gpus_per_node: int) -> list[str]:
+    """Per model and compile setting: the plan's first fitting candidate for 2 GPUs at the measured
+    batch, and how its measured step compares with the fastest measured layout of the same set."""
+    from compose import compose_run
+    from fsdp_lab.plan.predict import layout_of
+    from fsdp_lab.plan.run import plan
+
+    lines = []
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("step_time_s"):
+            model, _, extra = CONFIGS[r["config"]]
+            groups.setdefault((model, "model.compile=true" in extra), []).append(r)
+    for (model, compiled), measured in groups.items():
+        if len(measured) < 2:
+            continue
+        base = [*model, *COMMON, "train.batch_size=4", f"model.compile={str(compiled).lower()}"]
+        run = compose_run(*base, "mode=plan", "plan.gpus=2", f"plan.gpus_per_node={gpus_per_node}", f"plan.device={device}",
+                          f"plan.global_batch_tokens={8 * 2048}")
+        first = next(c for c in plan(run)[0] if c.fits)
+        by_layout = {layout_of(compose_run(*r["overrides"]), r.get("world_size", 2)): r for r in measured}
+        fastest = min(measured, key=lambda r: r["step_time_s"])
+        mine = by_layout.get(first.layout)
+        name = f"{measured[0]['config'].split()[0]} {'compiled' if compiled else 'eager'}"
+        if mine is None:
+            lines.append(f"- {name}: the plan's first ({first.layout}) was not measured; fastest measured {fastest['config']} "
+                         f"{fastest['step_time_s'] * 1e3:.1f} ms")
+            continue
+        gap = mine["step_time_s"] / fastest["step_time_s"] - 1
+        lines.append(f"- {name}: the plan's first is `{mine['config']}` (measured {mine['step_time_s'] * 1e3:.1f} ms); fastest measured "
+                     f"`{fastest['config']}` ({fastest['step_time_s'] * 1e3:.1f} ms): {gap:+.1%} {'(within 5%)' if gap <= 0.05 else '(MISSED: over 5%)'}")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "plan_accuracy")
-    p.add_argument("--measure-only", action="store_true")
     p.add_argument("--predict-from", type=Path, help="measured.json of an earlier run: predict only")
     p.add_argument("--device", default="h200")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--only", nargs="*", help="configuration names (default: all)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = json.loads(args.predict_from.read_text()) if args.predict_from else measure(args.out, args.only or list(CONFIGS))
-    if args.measure_only:
+    if is_rank():  # under torchrun: measure only (the GPUs' time is for steps)
+        measure(args.out, args.only or list(CONFIGS))
         return
-    rows = predict(rows, args.device, args.gpus_per_node)
-    table = markdown(rows, args.device)
+    if args.predict_from is None:
+        p.error("run under torchrun to measure, or give --predict-from OUT/measured.json")
+    rows = predict(json.loads(args.predict_from.read_text()), args.device, args.gpus_per_node)
+    table = markdown(rows, args.device) + "\n\n" + "\n".join(ranking(rows, args.device, args.gpus_per_node))
     (args.out / "accuracy.json").write_text(json.dumps(rows, indent=1))
     (args.out / "accuracy.md").write_text(table + "\n")
     print(table)

@@ -1,5 +1,6 @@
 """mode=plan in process: the meshes it enumerates, a 64-GPU plan within a minute, what does not fit
-never ranked first, plan.json's ready command lines, and the cost model's direction on known cases."""
+never ranked first, plan.json's ready command lines, the cost model's direction on known cases, the
+host model (its fit from the calibration's tiny runs, host-bound steps) and the closed-form peaks."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import time
 import pytest
 
 from compose import compose_run
-from fsdp_lab.plan.cost import Layout, group_link
-from fsdp_lab.plan.device import load_device
+from fsdp_lab.plan.cost import Layout, group_link, step_time
+from fsdp_lab.plan.device import Device, load_device
+from fsdp_lab.plan.host import Counts, fit_host
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.run import PLAN_FILE, plan, run_plan
-from fsdp_lab.plan.search import layouts, meshes, rank
+from fsdp_lab.plan.search import _estimable, _estimated_peak_mib, layouts, meshes, rank
 from lab import run_lab
 
 # A small Llama-style model planned for 64 H100s: its traces are quick, its layouts many.
@@ -124,3 +126,51 @@ def test_plan_validate_runs_the_best_candidate_here_and_reports_its_error(tmp_pa
     assert measured["step_time_s"] > 0 and "step_time_error" in measured, measured
     assert (result.run_dir / "validate" / "1" / "sweep_summary.json").exists()
     assert "measured ms" in result.stdout
+
+
+def test_top_candidates_closed_form_peak_is_near_the_estimate(planned):
+    """The pruning step's closed form against mode=estimate at the candidates' own configs."""
+    _, candidates, *_ = planned
+    checked = [c.prediction for c in candidates if c.prediction["memory_from"] == "estimate"]
+    assert checked
+    for p in checked:
+        assert abs(p["closed_form_peak_mib"] / p["peak_mib"] - 1) < 0.15, p
+
+
+def test_tp_candidates_get_the_estimate_s_peak(planned):
+    run, candidates, *_ = planned
+    tp = next(c.layout for c in candidates if c.layout.tp == 2 and c.layout.pp == 1)
+    assert _estimable(tp) and not _estimable(dataclasses.replace(tp, pp=2))
+    assert _estimated_peak_mib(run, tp) > 0
+
+
+def test_host_figures_are_recovered_from_the_tiny_runs_step_times():
+    """fit_host inverts the host model: step times made from known per-op, per-TP-matmul and
+    per-compiled-kernel costs give those costs back."""
+    counts = {2: Counts(ops=1700, kernels=49), 6: Counts(ops=4636, kernels=141)}
+    op_s, step_s, tp_kernel_s, tp_step_s, compiled_kernel_s = 8e-6, 1e-3, 5e-5, 2e-3, 2e-4
+    rest_ops, rest_kernels = 1700 - 2 * 734, 49 - 2 * 23
+
+    def eager(L): return counts[L].ops * op_s + step_s
+    def tp(L): return eager(L) + counts[L].kernels * tp_kernel_s + tp_step_s
+    def compiled(L): return L * 23 * compiled_kernel_s + rest_ops * op_s + step_s
+
+    fitted = fit_host({f"{name} {L}": f(L) for name, f in (("eager", eager), ("tp", tp), ("compiled", compiled)) for L in (2, 6)}, counts)
+    assert fitted["op_s"] == pytest.approx(op_s) and fitted["step_s"] == pytest.approx(step_s)
+    assert fitted["tp_kernel_s"] == pytest.approx(tp_kernel_s) and fitted["tp_step_s"] == pytest.approx(tp_step_s)
+    assert fitted["compiled_kernel_s"] == pytest.approx(compiled_kernel_s) and fitted["compiled_step_s"] == pytest.approx(0, abs=1e-12)
+    assert rest_kernels == 3
+
+
+def test_a_slow_host_makes_the_step_host_bound(planned):
+    """The same layout on a device whose host issues ops 100x slower: the step becomes the host's
+    time to issue it, and is marked; at the table's own host cost the 64-GPU best is GPU-bound."""
+    run, candidates, _, _, predictor = planned
+    layout = candidates[0].layout
+    model = predictor.model(layout.ac)
+    device = predictor.device
+    slow = Device(device.name, {**device.table, "host": {k: v * 100 if isinstance(v, float) else v for k, v in device.host.items()}})
+    fast = step_time(model, layout, device, 8)
+    slowed = step_time(model, layout, slow, 8)
+    assert slowed["host_bound"] and slowed["step_time_s"] == pytest.approx(slowed["host_s"], rel=0.05)
+    assert slowed["step_time_s"] > 10 * fast["step_time_s"]

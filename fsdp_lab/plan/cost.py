@@ -6,7 +6,9 @@ attention by shape from the measured tables, everything else by the bytes it mov
 matmuls and the sharded activations and adds its all-reduces; FSDP's all-gathers and
 reduce-scatters run on a comm stream beside the compute, unit by unit, as FSDP2 issues them
 (prefetching one unit ahead); PP runs a stage's share of the blocks with the schedule's bubble.
-The CPU issues every op: when that takes longer than the GPU's work, the step is host-bound."""
+The CPU issues every op, unit by unit, at the device table's measured host cost (fsdp_lab/plan/host.py):
+a unit's kernels finish no earlier than the host has issued them, so a step whose host work outruns
+its GPU work is host-bound, and one whose GPU work is longer hides the host's."""
 
 from __future__ import annotations
 
@@ -22,11 +24,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 TP_REPLICATED_ELEMENTWISE = 0.4
 # torch.compile fuses a block's elementwise chains: about this share of their traffic remains.
 COMPILED_ELEMENTWISE = 0.5
-# Host ops a compiled block still dispatches per matmul or attention call it holds (graph calls,
-# FSDP's hooks, autograd's nodes): the elementwise ops between them are fused away.
-COMPILED_HOST_OPS_PER_KERNEL = 2
-# Host work per FSDP unit per pass (pre/post hooks, copy-in/out bookkeeping), on top of its ops.
-FSDP_UNIT_HOST_OPS = 40
 ADAM_BYTES_PER_PARAM = 28  # fused AdamW: reads param, grad, exp_avg, exp_avg_sq; writes three (fp32)
 
 
@@ -111,7 +108,7 @@ def price(one: Trace, two: Trace, mb: int, tp: int, device: Device) -> dict[str,
 class Model:
     """What the traces of one AC mode say about the model, ready to price any layout."""
 
-    traces: dict[tuple[int, int], Trace]  # (blocks, samples) -> trace: (1, 1), (2, 1), (2, 2)
+    traces: dict[tuple[int, int], Trace]  # (blocks, samples) -> trace: (1, 1), (2, 1), (2, 2), (layers, 1), (layers, 2)
     layers: int  # the model's blocks
     block_params: int  # parameters of all blocks
     other_params: int
@@ -152,6 +149,14 @@ def group_link(layout: Layout, dim: str, gpus_per_node: int) -> tuple[int, bool]
     return sizes[dim], stride * sizes[dim] > gpus_per_node
 
 
+@dataclass(frozen=True)
+class Work:
+    """One unit's forward or backward: seconds on the GPU and seconds the host takes to issue it."""
+
+    gpu: float
+    host: float
+
+
 def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) -> dict:
     """Predicted seconds per optimizer step, with its parts."""
     L = model.layers // layout.pp
@@ -169,10 +174,20 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
             factor *= COMPILED_ELEMENTWISE if layout.compile else 1.0
         return p.mm + p.attn + p.mem * factor
 
+    host = device.host
     tp_ar = device.collective_s("all_reduce", block["fwd"].hidden_bytes, tp_size, tp_inter) if tp > 1 else 0.0
-    fwd_b = gpu(block["fwd"], True) + 2 * tp_ar
-    bwd_b = gpu(block["bwd"], True) + 2 * tp_ar
-    fwd_r, bwd_r = gpu(rest["fwd"], False) + tp_ar, gpu(rest["bwd"], False) + tp_ar
+    tp_host = host["tp_kernel_s"] if tp > 1 else 0.0
+
+    def issue(p: Parts, in_block: bool) -> float:
+        """Host seconds to issue p: compiled blocks a call per kernel (DTensor's dispatch traced away)."""
+        if in_block and layout.compile:
+            return p.kernels * host["compiled_kernel_s"]
+        return p.host_ops * host["op_s"] + p.kernels * tp_host
+
+    fwd_b = Work(gpu(block["fwd"], True) + 2 * tp_ar, issue(block["fwd"], True))
+    bwd_b = Work(gpu(block["bwd"], True) + 2 * tp_ar, issue(block["bwd"], True))
+    fwd_r = Work(gpu(rest["fwd"], False) + tp_ar, issue(rest["fwd"], False))
+    bwd_r = Work(gpu(rest["bwd"], False) + tp_ar, issue(rest["bwd"], False))
     unit = model.block_params / model.layers / tp
     root = model.other_params / tp / (layout.pp if layout.pp > 1 else 1)
 
@@ -181,63 +196,65 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
         t = device.collective_s("reduce_scatter", n * model.reduce_bytes, sh_size, sh_inter) if shard > 1 else 0.0
         return t + device.collective_s("all_reduce", n * model.reduce_bytes / shard, rep_size, rep_inter)
 
-    fwd_gpu, comm = _simulate(L, fwd_b, bwd_b, fwd_r, bwd_r, gather(unit), reduce(unit), gather(root), reduce(root), layout.reshard)
-    host = _host_seconds(block, rest, L, layout, device)
-    per_mb = max(fwd_gpu, host)
+    mb = _simulate(L, fwd_b, bwd_b, fwd_r, bwd_r, gather(unit), reduce(unit), gather(root), reduce(root), layout.reshard)
+    per_mb = max(mb["gpu"], mb["host"])
     if layout.pp > 1:
         p2p = device.collective_s("all_gather", 2 * block["fwd"].hidden_bytes, 2, pp_inter)
-        step = (layout.microbatches + layout.pp - 1) * (per_mb + 2 * p2p)
+        passes = (layout.microbatches + layout.pp - 1) * (per_mb + 2 * p2p)
     else:
-        step = layout.microbatches * per_mb
+        passes = layout.microbatches * per_mb
     local_params = (model.block_params / layout.pp + root * tp) / tp / shard
     optimizer = device.memory_s(local_params * ADAM_BYTES_PER_PARAM)
-    return {"step_time_s": step + optimizer, "gpu_s": fwd_gpu, "host_s": host, "comm_s": comm,
-            "optimizer_s": optimizer, "host_bound": host > fwd_gpu}
+    # The step's own host work (clipping, the optimizer's launch, zero_grad, the loss's sync) follows
+    # the last backward's issue, while the GPU may still be running it.
+    step_host = host["step_s"] + (host.get("tp_step_s", 0.0) if tp > 1 else 0.0) + (host["compiled_step_s"] if layout.compile else 0.0)
+    host_s = layout.microbatches * mb["host"] + step_host
+    step = max(passes + optimizer, host_s)
+    # Host-bound: the GPU waits for the host a tenth of the time or more, or the host's work sets the step.
+    host_bound = mb["idle"] > 0.1 * mb["gpu"] or host_s > passes + optimizer
+    return {"step_time_s": step, "gpu_s": mb["gpu"], "host_s": host_s, "comm_s": mb["comm"],
+            "optimizer_s": optimizer, "host_bound": host_bound}
 
 
-def _simulate(L, fwd_b, bwd_b, fwd_r, bwd_r, ag, rs, ag_root, rs_root, reshard) -> tuple[float, float]:
-    """One microbatch's forward and backward on a compute stream and a comm stream: FSDP2 all-gathers
-    a unit one ahead of its compute (two in flight at most) and reduce-scatters it after its backward.
-    Returns (end time, seconds the comm stream was busy)."""
+def _simulate(L: int, fb: Work, bb: Work, fr: Work, br: Work, ag, rs, ag_root, rs_root, reshard) -> dict[str, float]:
+    """One microbatch's forward and backward on a compute stream, a comm stream and the host: FSDP2
+    all-gathers a unit one ahead of its compute (two in flight at most, issued no earlier than the
+    host reaches it) and reduce-scatters it after its backward; a unit's compute ends no earlier than
+    the host has issued it. Returns the GPU's end, the host's end, the comm stream's busy seconds and
+    the compute stream's seconds spent waiting for the host."""
+    s = {"host": 0.0, "idle": 0.0}
+
+    def run(t: float, work: Work) -> float:
+        """The compute stream, free at t, runs work once the host has issued it."""
+        s["host"] += work.host
+        end = t + work.gpu
+        s["idle"] += max(s["host"] - end, 0.0)
+        return max(end, s["host"])
+
     comm_free = ag_root
     t = comm_free
     ends = [0.0, 0.0]
     busy = ag_root
     for _ in range(L):  # forward: the rest of the model (output, loss) runs after the blocks
-        start = max(comm_free, ends[-2])
+        start = max(comm_free, ends[-2], s["host"])
         comm_free = start + ag
         busy += ag
-        begin = max(t, comm_free)
-        t = begin + fwd_b
+        t = run(max(t, comm_free), fb)
         ends.append(t)
-    t += fwd_r + bwd_r  # output and loss, their gradients (the embedding's is small)
+    t = run(run(t, fr), br)  # output and loss, their gradients (the embedding's is small)
     gathered = comm_free
     if reshard:
-        gathered = max(comm_free, t - bwd_r) + ag
+        gathered = max(comm_free, t - br.gpu) + ag
         comm_free, busy = gathered, busy + ag
     for i in range(L):
         begin = max(t, gathered)
         if reshard and i + 1 < L:  # the next unit's all-gather, issued as this one's backward starts
-            start = max(comm_free, begin)
+            start = max(comm_free, begin, s["host"])
             gathered = comm_free = start + ag
             busy += ag
-        t = begin + bwd_b
+        t = run(begin, bb)
         comm_free = max(comm_free, t) + rs
         busy += rs
     comm_free = max(comm_free, t) + rs_root
     busy += rs_root
-    return max(t, comm_free), busy
-
-
-def _host_seconds(block: dict[str, Parts], rest: dict[str, Parts], L: int, layout: Layout, device: Device) -> float:
-    """CPU time to issue one microbatch's forward and backward."""
-    ops = 0.0
-    for phase in ("fwd", "bwd"):
-        b, r = block[phase], rest[phase]
-        per_block = b.kernels * COMPILED_HOST_OPS_PER_KERNEL if layout.compile else b.host_ops
-        ops += L * (per_block + FSDP_UNIT_HOST_OPS) + r.host_ops + FSDP_UNIT_HOST_OPS
-    seconds = ops * device.host_op_s
-    if layout.tp > 1 and not layout.compile:  # eager DTensor dispatch around every TP matmul
-        kernels = sum(L * block[ph].kernels + rest[ph].kernels for ph in ("fwd", "bwd"))
-        seconds += kernels * device.host_tp_matmul_s
-    return seconds
+    return {"gpu": max(t, comm_free), "host": s["host"], "comm": busy, "idle": s["idle"]}

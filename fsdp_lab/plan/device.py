@@ -83,12 +83,9 @@ class Device:
         return latency * math.log2(group) + RING[kind](group) * nbytes / bandwidth
 
     @property
-    def host_op_s(self) -> float:
-        return self.table["host"]["plain_op_s"]
-
-    @property
-    def host_tp_matmul_s(self) -> float:
-        return self.table["host"]["tp_matmul_s"]
+    def host(self) -> dict:
+        """Host seconds per op dispatched, per TP matmul, per compiled kernel, per step (fsdp_lab/plan/host.py)."""
+        return self.table["host"]
 
 
 @lru_cache(maxsize=None)

@@ -12,7 +12,7 @@ from fsdp_lab.plan.device import Device
 from fsdp_lab.plan.memory import peak_bytes
 from fsdp_lab.plan.trace import ModelFacts, model_facts, trace_step
 
-TRACED = ((1, 1), (2, 1), (2, 2))  # (blocks, samples)
+TRACED = ((1, 1), (2, 1), (2, 2))  # (blocks, samples): the cost model's; memory's add the whole model at 1 and 2
 
 
 class Predictor:
@@ -29,9 +29,11 @@ class Predictor:
             block, other = self.facts.block_params, self.facts.other_params
             f = self.run.fsdp
             param_dtype = f.param_dtype or "float32"
+            layers = self.run.model.n_layers
+            keys = dict.fromkeys([*TRACED, (layers, 1), (layers, 2)])
             self._models[ac] = Model(
-                traces={key: trace_step(self.run, layers=key[0], batch=key[1], ac=ac) for key in TRACED},
-                layers=self.run.model.n_layers, block_params=block, other_params=other,
+                traces={key: trace_step(self.run, layers=key[0], batch=key[1], ac=ac) for key in keys},
+                layers=layers, block_params=block, other_params=other,
                 param_bytes=DTYPE_BYTES[param_dtype], reduce_bytes=DTYPE_BYTES[f.reduce_dtype or param_dtype],
                 seq_len=self.run.train.seq_len,
             )

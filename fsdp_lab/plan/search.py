@@ -94,7 +94,7 @@ class Candidate:
 
 def rank(run: RunConfig, predictor: Predictor, samples: int, flops_per_token: float) -> list[Candidate]:
     """Every accepted layout priced; those that fit first, fastest first. The peaks are closed-form;
-    the best plan.estimate_top that the estimate can take get its figure at their own config."""
+    the best plan.estimate_top that the estimate can take (no pipeline) get its figure at their own config."""
     budget = predictor.device.memory_bytes * run.plan.memory_fraction
     tokens = samples * run.train.seq_len
     out = []
@@ -108,14 +108,15 @@ def rank(run: RunConfig, predictor: Predictor, samples: int, flops_per_token: fl
         c = next((c for c in out if c.fits and c.prediction["memory_from"] == "closed form" and _estimable(c.layout)), None)
         if c is None:
             break
-        c.prediction.update(peak_mib=_estimated_peak_mib(run, c.layout), memory_from="estimate")
+        c.prediction.update(peak_mib=_estimated_peak_mib(run, c.layout), memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])
         c.fits = c.prediction["peak_mib"] * 2**20 <= budget
         out.sort(key=order)
     return out
 
 
 def _estimable(layout: Layout) -> bool:
-    return layout.tp == 1 and layout.pp == 1
+    """mode=estimate traces FSDP and TP meshes; a pipeline's stages exchange real values, which it cannot."""
+    return layout.pp == 1
 
 
 def _estimated_peak_mib(run: RunConfig, layout: Layout) -> float:
@@ -125,6 +126,6 @@ def _estimated_peak_mib(run: RunConfig, layout: Layout) -> float:
 
     traced = run_for(run, layout)
     traced = dataclasses.replace(traced, mode="estimate", model=dataclasses.replace(traced.model, compile=False))
-    dims = ParallelDims.resolve(pp=1, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=1, world_size=layout.world)
+    dims = ParallelDims.resolve(pp=1, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=layout.tp, world_size=layout.world)
     with quiet():
         return estimate(traced, dims)["peak_mib"]

@@ -1,0 +1,79 @@
+"""The host's cost of issuing a step, measured on the device by benchmarks/calibrate_device.py.
+
+A tiny Llama (its kernels take microseconds, so its step takes what the CPU takes to issue it) runs
+the lab's own trainer at two depths, eager, with TP and compiled. The step times' difference per
+block, divided by what the plan's trace counts in a block (ops dispatched; matmul and attention
+calls), gives seconds per op, the extra per TP matmul (DTensor dispatch, redistribution) and per
+compiled block's kernel; what is left at depth 2, less the model's other ops, is the step's own
+host work (gradient clipping, the optimizer's launch, zero_grad, the loss's sync, the probes). None
+of it comes from the configurations the plan is checked against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Tiny, but of the planned models' structure: the op count of a block does not depend on its width.
+TINY_MODEL = ("model.dim=256", "model.n_layers={layers}", "model.n_heads=4", "model.ffn_dim=512", "model.vocab_size=512",
+              "train.seq_len=128", "train.batch_size=1", "fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32")
+TIMED = ("train.steps=12", "probes.perf.warmup_steps=4", "probes.parity.enabled=false", "logger=none")
+DEPTHS = (2, 6)
+VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true",)}
+
+
+def host_runs(world_size: int) -> list[tuple[str, list[str]]]:
+    """(name, overrides) of the timed tiny runs; TP needs two ranks."""
+    variants = {k: v for k, v in VARIANTS.items() if k != "tp" or world_size >= 2}
+    return [(f"{v} {L}", [o.format(layers=L) for o in TINY_MODEL] + list(TIMED) + list(extra))
+            for v, extra in variants.items() for L in DEPTHS]
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What the plan's trace of the tiny model counts per microbatch (forward and backward)."""
+
+    ops: int  # ops dispatched
+    kernels: int  # matmul and attention calls
+
+
+def traced_counts(world_size: int) -> dict[int, Counts]:
+    """The plan's trace of the tiny model at each depth (the same trace the cost model reads)."""
+    from hydra import compose, initialize_config_dir
+
+    from fsdp_lab.config import to_run_config
+    from fsdp_lab.plan.trace import trace_step
+    from fsdp_lab.run import CONF_DIR
+
+    out = {}
+    for L in DEPTHS:
+        with initialize_config_dir(CONF_DIR, version_base="1.3"):
+            run = to_run_config(compose("config", overrides=[o.format(layers=L) for o in TINY_MODEL]))
+        t = trace_step(run, layers=L, batch=1, ac="none")
+        kernels = sum(1 for op in t.ops if op.kind != "mem" and op.phase in ("fwd", "bwd"))
+        out[L] = Counts(t.host_ops["fwd"] + t.host_ops["bwd"], kernels)
+    return out
+
+
+def fit_host(step_s: dict[str, float], counts: dict[int, Counts]) -> dict:
+    """The table's host section from the tiny runs' step seconds ({"eager 2": s, ...}) and the counts."""
+    lo, hi = DEPTHS
+    blocks = hi - lo
+    ops_block = (counts[hi].ops - counts[lo].ops) / blocks
+    kernels_block = (counts[hi].kernels - counts[lo].kernels) / blocks
+    rest_ops = counts[lo].ops - lo * ops_block
+    rest_kernels = counts[lo].kernels - lo * kernels_block
+
+    def per_block(v):
+        return (step_s[f"{v} {hi}"] - step_s[f"{v} {lo}"]) / blocks
+
+    op_s = per_block("eager") / ops_block
+    out = {"op_s": op_s, "step_s": max(step_s[f"eager {lo}"] - counts[lo].ops * op_s, 0.0)}
+    if "tp 2" in step_s:
+        out["tp_kernel_s"] = max((per_block("tp") - per_block("eager")) / kernels_block, 0.0)
+        tp_fixed = step_s[f"tp {lo}"] - lo * per_block("tp") - rest_ops * op_s - rest_kernels * out["tp_kernel_s"]
+        out["tp_step_s"] = max(tp_fixed - out["step_s"], 0.0)
+    out["compiled_kernel_s"] = per_block("compiled") / kernels_block
+    compiled_fixed = step_s[f"compiled {lo}"] - lo * per_block("compiled") - rest_ops * op_s
+    out["compiled_step_s"] = max(compiled_fixed - out["step_s"], 0.0)
+    out["measured_step_s"] = step_s
+    out["traced"] = {"ops_per_block": ops_block, "kernels_per_block": kernels_block, "rest_ops": rest_ops, "rest_kernels": rest_kernels}
+    return out
