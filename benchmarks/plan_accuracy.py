@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -72,7 +73,8 @@ def predict(rows: list[dict], device: str, gpus_per_node: int) -> list[dict]:
 
 
 def markdown(rows: list[dict], device: str) -> str:
-    lines = [f"Predicted ({device} table) vs measured step time and peak memory per GPU, 2 GPUs.", "",
+    worlds = sorted({r.get("world_size", 2) for r in rows})
+    lines = [f"Predicted ({device} table) vs measured step time and peak memory per GPU, {'/'.join(map(str, worlds))} GPUs.", "",
              "| config | measured step (ms) | predicted (ms) | error | measured peak MiB | predicted MiB | host-bound |",
              "|---|---|---|---|---|---|---|"]
     errors = []
@@ -132,7 +134,8 @@ def main() -> None:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if is_rank():  # under torchrun: measure only (the GPUs' time is for steps)
-        measure(args.out, args.only or list(CONFIGS))
+        world = int(os.environ["WORLD_SIZE"])  # hsdp and tp2d need two ranks; fsdp runs on any
+        measure(args.out, [n for n in args.only or CONFIGS if world >= 2 or CONFIGS[n][1] == "fsdp"])
         return
     if args.predict_from is None:
         p.error("run under torchrun to measure, or give --predict-from OUT/measured.json")
