@@ -44,6 +44,9 @@ CONFIGS = {  # eager first, then compiled: a run cut off by a time limit keeps t
     "150m fsdp compile": (LLAMA_150M, "fsdp", ("model.compile=true",)),
     "1b tp2d compile": (LLAMA_1B, "tp2d", ("train.batch_size=8", "model.compile=true")),
     "1b hsdp ac compile": (LLAMA_1B, "hsdp", ("ac=full", "model.compile=true")),
+    "1b fsdp ac compile": (LLAMA_1B, "fsdp", ("ac=full", "model.compile=true")),
+    "150m fsdp ac compile": (LLAMA_150M, "fsdp", ("ac=full", "model.compile=true")),
+    "150m fsdp mb2": (LLAMA_150M, "fsdp", ("train.microbatches=2",)),
     "150m tp2d compile": (LLAMA_150M, "tp2d", ("train.batch_size=8", "model.compile=true")),
 }
 
