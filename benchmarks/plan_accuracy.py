@@ -77,7 +77,7 @@ def predict(rows: list[dict], device: str, gpus_per_node: int) -> list[dict]:
 
 def markdown(rows: list[dict], device: str) -> str:
     worlds = sorted({r.get("world_size", 2) for r in rows})
-    lines = [f"Predicted ({device} table) vs measured step time and peak memory per GPU, {'/'.join(map(str, worlds))} GPUs.", "",
+    lines = [f"Predicted ({device} table) vs measured step time and peak memory per GPU; GPUs per run: {'/'.join(map(str, worlds))}.", "",
              "| config | measured step (ms) | predicted (ms) | error | measured peak MiB | predicted MiB | host-bound |",
              "|---|---|---|---|---|---|---|"]
     errors = []
@@ -94,8 +94,9 @@ def markdown(rows: list[dict], device: str) -> str:
 
 
 def ranking(rows: list[dict], device: str, gpus_per_node: int) -> list[str]:
-    """Per model and compile setting: the plan's first fitting candidate for 2 GPUs at the measured
-    batch, and how its measured step compares with the fastest measured layout of the same set."""
+    """Per model and compile setting: the plan's first fitting candidate for the measured GPUs at the
+    measured batch (4 samples per GPU), and how its measured step compares with the fastest measured
+    layout of the same set."""
     from compose import compose_run
     from fsdp_lab.plan.predict import layout_of
     from fsdp_lab.plan.run import plan
@@ -109,9 +110,10 @@ def ranking(rows: list[dict], device: str, gpus_per_node: int) -> list[str]:
     for (model, compiled), measured in groups.items():
         if len(measured) < 2:
             continue
+        gpus = measured[0].get("world_size", 2)
         base = [*model, *COMMON, "train.batch_size=4", f"model.compile={str(compiled).lower()}"]
-        run = compose_run(*base, "mode=plan", "plan.gpus=2", f"plan.gpus_per_node={gpus_per_node}", f"plan.device={device}",
-                          f"plan.global_batch_tokens={8 * 2048}")
+        run = compose_run(*base, "mode=plan", f"plan.gpus={gpus}", f"plan.gpus_per_node={min(gpus, gpus_per_node)}", f"plan.device={device}",
+                          f"plan.global_batch_tokens={4 * gpus * 2048}")
         first = next(c for c in plan(run)[0] if c.fits)
         by_layout = {layout_of(compose_run(*r["overrides"]), r.get("world_size", 2)): r for r in measured}
         fastest = min(measured, key=lambda r: r["step_time_s"])

@@ -176,7 +176,7 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
 
     host = device.host
     tp_ar = device.collective_s("all_reduce", block["fwd"].hidden_bytes, tp_size, tp_inter) if tp > 1 else 0.0
-    tp_host = host["tp_kernel_s"] if tp > 1 else 0.0
+    tp_host = host.get("tp_kernel_s", 0.0) if tp > 1 else 0.0  # absent: measured without TP (one GPU)
 
     def issue(p: Parts, in_block: bool) -> float:
         """Host seconds to issue p: compiled blocks a call per kernel (DTensor's dispatch traced away)."""
