@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests")]  # runs_in_ranks; compose (the CLI's config in process)
 from runs_in_ranks import is_rank, run_all  # noqa: E402
 
 COMMON = ("fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32", "train.seq_len=2048", "train.steps=6",
