@@ -68,6 +68,23 @@ CONFIGS = {
     "hf-llama+bf16+ac": f"{' '.join(HF_LLAMA)} {BF16} ac.mode=full",
     "hf-llama+tp2d+bf16": f"{' '.join(HF_LLAMA)} mesh.tp=2 {BF16}",
 }
+# What one GPU can run (mesh.world_size=1: FSDP over one rank); larger batches so that activations,
+# not the gradients at the end of backward, make the peak.
+ONE_GPU = {
+    "fsdp": "",
+    "fsdp+ac": "ac.mode=full",
+    "fsdp+bf16": BF16,
+    "fsdp+bf16+ac": f"{BF16} ac.mode=full",
+    "fsdp+bf16+sel-ac": f"{BF16} ac.mode=selective ac.selective=layer",
+    "fsdp+bf16+accum4": f"{BF16} train.batch_size=4 train.microbatches=4",
+    "fsdp+bf16+long": f"{BF16} train.seq_len=4096 train.batch_size=1",
+    "fsdp+bf16+b8": f"{BF16} train.batch_size=8",
+    "fsdp+bf16+sel-ac+b8": f"{BF16} ac.mode=selective ac.selective=layer train.batch_size=8",
+    "hf-llama": " ".join(HF_LLAMA),
+    "hf-llama+bf16+b8": f"{' '.join(HF_LLAMA)} {BF16} train.batch_size=8",
+    "hf-llama+bf16+ac": f"{' '.join(HF_LLAMA)} {BF16} ac.mode=full",
+}
+CONFIG_SETS = {"default": CONFIGS, "one-gpu": ONE_GPU}
 REAL_RUN = ("train.steps=3", "probes.parity.enabled=false", "logger=none")
 # The module tracker cannot follow a pipeline schedule (a stage's forward runs once per microbatch):
 # pipelined runs report the allocator's peak per rank alone.
@@ -163,7 +180,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", default=[], metavar="NAME=OVERRIDES",
                         help="a configuration (space-separated overrides); repeatable; default: " + ", ".join(CONFIGS))
-    parser.add_argument("--only", help="comma-separated names of the default configurations to run")
+    parser.add_argument("--set", choices=CONFIG_SETS, default="default", help="the configurations: default (2+ GPUs) or one-gpu")
+    parser.add_argument("--only", help="comma-separated names of the set's configurations to run")
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "benchmarks" / "memory_accuracy")
     parser.add_argument("--jobs", type=int, default=4, help="estimates running at once on the CPU")
     parser.add_argument("--runs", type=int, default=1, help="real runs at once on the GPUs (each process has its own allocator)")
@@ -178,7 +196,7 @@ def main() -> None:
     on_gpu = not (args.estimate_only or measured)
     if on_gpu and not torch.cuda.is_available():
         sys.exit("error: this benchmark compares estimates with the CUDA allocator: it needs GPUs (or --estimate-only / --measured)")
-    configs = dict(c.split("=", 1) for c in args.config) if args.config else CONFIGS
+    configs = dict(c.split("=", 1) for c in args.config) if args.config else CONFIG_SETS[args.set]
     if args.only:
         configs = {name: configs[name] for name in args.only.split(",")}
     if measured:
