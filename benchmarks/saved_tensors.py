@@ -48,15 +48,14 @@ def saved_by_block(dtype: torch.dtype, device: str, *, batch: int, seq: int, dim
 
 
 def _all_grad_fns(root) -> set[str]:
-    seen, stack, names = set(), [root], set()
+    seen, stack = {}, [root]  # seen keeps the nodes alive: an id is unique only while its object lives
     while stack:
         fn = stack.pop()
         if fn is None or id(fn) in seen:
             continue
-        seen.add(id(fn))
-        names.add(fn.name())
+        seen[id(fn)] = fn
         stack.extend(f for f, _ in fn.next_functions)
-    return names
+    return {fn.name() for fn in seen.values()}
 
 
 def main() -> None:
