@@ -6,6 +6,7 @@ module tracker's peak of its step 2 against the allocator's peak of that step.
     python benchmarks/memory_accuracy.py --config fsdp= --config tp2d=mesh.tp=2 -- train.batch_size=4
     python benchmarks/memory_accuracy.py --estimate-only          # the estimates alone (CPU; --world N)
     python benchmarks/memory_accuracy.py --measure-only --runs 4  # GPUs: the real runs alone, 4 at once
+    python benchmarks/memory_accuracy.py --measure-only --set one-gpu --runs 6   # what one GPU can run
     python benchmarks/memory_accuracy.py --measured OUT/memory_accuracy.json   # CPU: estimates against them
 
 The estimates run on the CPU, --jobs at a time, while the real runs take the GPUs, --runs at a time
@@ -68,7 +69,7 @@ CONFIGS = {
     "hf-llama+bf16+ac": f"{' '.join(HF_LLAMA)} {BF16} ac.mode=full",
     "hf-llama+tp2d+bf16": f"{' '.join(HF_LLAMA)} mesh.tp=2 {BF16}",
 }
-# What one GPU can run (mesh.world_size=1: FSDP over one rank); larger batches so that activations,
+# What one GPU can run (world size 1: FSDP over one rank); larger batches too, so that activations,
 # not the gradients at the end of backward, make the peak.
 ONE_GPU = {
     "fsdp": "",

@@ -50,7 +50,7 @@ def trace_step(run: RunConfig, dims: ParallelDims, rank: int = 0,
                around_step: Callable[[], contextlib.AbstractContextManager] | None = None) -> StepTrace:
     """Rank `rank`'s memory over one optimizer step after warm-up. Rank 0 holds the largest shard
     where a dimension does not divide evenly, so its figure bounds every rank's; with pipeline
-    stages each pp rank differs (estimate/pipeline.py), and its first rank stands for it. `around_step()`
+    stages each pp rank holds its own stage (estimate/pipeline.py), and `rank` picks which. `around_step()`
     gives a context the measured step runs in, inside the fake mode (mode=plan records the step's ops there)."""
     device = torch.device("cpu")
     with fake_world(dims.world_size, rank), cuda_kernels():
