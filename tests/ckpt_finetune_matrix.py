@@ -1,7 +1,7 @@
 """The checkpoint-wrapper and fine-tuning matrices: their variants, and one rank of them
 (tests/matrix_rank.py). Every variant is a torch_* experiment plus the
 overrides of one point of its sweep, composed by Hydra, built by the lab's own `build_trainer` and
-trained 3 steps; its checks are evaluated as a run's rank 0 does. Starting the ranks once for all
+trained 2 steps; its checks are evaluated as a run's rank 0 does. Starting the ranks once for all
 variants keeps the dozens of them cheap. Rank 0 writes {label: {checks, losses, after_fwd_mib,
 frozen, nesting, manual}} as JSON."""
 
@@ -17,7 +17,7 @@ from fsdp_lab.summary import probe_sections
 from matrix_rank import run_matrix
 from training import train
 
-COMMON = ["train.steps=3", "probes.parity.param_every=1", "probes.perf.enabled=false", "logger=none", "device=cpu"]
+COMMON = ["train.steps=2", "probes.parity.param_every=1", "probes.perf.enabled=false", "logger=none", "device=cpu"]
 # test_fsdp_checkpoint's variants: FSDP(checkpoint(layer)), checkpoint(FSDP(layer)), manual calls.
 CHECKPOINT_EXPERIMENTS = {
     "wrapper": "torch_fsdp_checkpoint", "outer_wrapper": "torch_fsdp_checkpoint_outer", "manual": "torch_fsdp_checkpoint_manual",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import runpy
 import signal
 import sys
@@ -16,7 +15,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest import mock
 
-from lab import LabRun
+from lab import LabRun, lab_run
 from worlds import free_port
 
 
@@ -56,9 +55,7 @@ def run_lab_here(*overrides: str, run_dir: Path | None = None, as_rank: bool = T
     env = {"WANDB_SILENT": "true"}
     if as_rank:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    code, out, err = _run_main("fsdp_lab", ["fsdp_lab", *args], env, unset=() if as_rank else RANK_ENV)
-    found = re.findall(r"^run dir: (.+)$", out, flags=re.M)
-    return LabRun(code, out, err, Path(found[-1]) if found else None)
+    return lab_run(*_run_main("fsdp_lab", ["fsdp_lab", *args], env, unset=() if as_rank else RANK_ENV))
 
 
 def report_here(path: Path) -> LabRun:

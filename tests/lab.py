@@ -37,6 +37,12 @@ class LabRun:
         return [line for line in self.stderr.splitlines() if line.startswith("error: ")]
 
 
+def lab_run(returncode: int, stdout: str, stderr: str) -> LabRun:
+    """What a finished `python -m fsdp_lab` left: its run dir is the last `run dir: ` line it printed."""
+    found = re.findall(r"^run dir: (.+)$", stdout, flags=re.M)
+    return LabRun(returncode, stdout, stderr, Path(found[-1]) if found else None)
+
+
 def lab_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     path = [str(LAUNCHERS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -52,5 +58,4 @@ def run_lab(*overrides: str, run_dir: Path | None = None, command: list[str] | N
         args.append(f"hydra.run.dir={run_dir}")
     cmd = (command or [sys.executable, "-m", "fsdp_lab"]) + args
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env or lab_env())
-    found = re.findall(r"^run dir: (.+)$", proc.stdout, flags=re.M)
-    return LabRun(proc.returncode, proc.stdout, proc.stderr, Path(found[-1]) if found else None)
+    return lab_run(proc.returncode, proc.stdout, proc.stderr)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from lab import run_lab
+from warm_lab import run_lab_warm
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ UNITS = 3  # two blocks + the root
 def sweep(tmp_path_factory):
     """The documented sweep over sync policies (reshard_after_backward=true, the default; false covered below)."""
     sweep_dir = tmp_path_factory.mktemp("accum")
-    result = run_lab("-m", "+experiment=hsdp_accum", "train.accum.sync=every,last,reduce_scatter_only", *QUICK,
+    result = run_lab_warm("-m", "+experiment=hsdp_accum", "train.accum.sync=every,last,reduce_scatter_only", *QUICK,
                      f"hydra.sweep.dir={sweep_dir}", "hydra.launcher.max_ranks=4", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {}
@@ -57,7 +57,7 @@ def test_keeping_parameters_unsharded_between_microbatches_saves_all_gathers(swe
         "keep": ("train.accum.reshard_after_backward=false",),
         "keep_explicit": ("train.accum.reshard_after_backward=false", "train.accum.explicit_unshard=true"),
     }.items():
-        result = run_lab("+experiment=hsdp_accum", *QUICK, *overrides, run_dir=tmp_path / name)
+        result = run_lab_warm("+experiment=hsdp_accum", *QUICK, *overrides, run_dir=tmp_path / name)
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.summary["parity"]["ok"]
         counts[name] = result.metrics[-1]["comm/all_gather_count"]
@@ -67,7 +67,7 @@ def test_keeping_parameters_unsharded_between_microbatches_saves_all_gathers(swe
 
 @pytest.mark.parametrize("engine_overrides", [("mesh.engine=ddp",)])
 def test_ddp_no_sync_accumulation_matches_the_reference(tmp_path, engine_overrides):
-    result = run_lab("train.steps=3", "logger=none", "probes.memory.enabled=false", "train.microbatches=2",
+    result = run_lab_warm("train.steps=3", "logger=none", "probes.memory.enabled=false", "train.microbatches=2",
                      "train.accum.sync=last", "probes.comm.enabled=true", *engine_overrides, run_dir=tmp_path / "run")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.summary["parity"]["ok"] and result.summary["parity"]["max_loss_abs_diff"] <= 1e-5

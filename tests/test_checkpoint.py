@@ -11,14 +11,14 @@ import pytest
 from checkpoints import assert_bitwise_equal, params
 from fsdp_lab.checkpoint import META_FILE, PARTIAL_PREFIX, complete_checkpoints, resolve_resume, step_dir_name, verify
 from fsdp_lab.config import ConfigError
-from lab import run_lab
+from warm_lab import run_lab_warm
 
 COMMON = ("logger=none", "probes.memory.enabled=false", "probes.perf.enabled=false", "checkpoint=dcp", "checkpoint.interval=3")
 STEPS = 6
 
 
 def lab(*overrides: str, run_dir: Path):
-    return run_lab(*COMMON, *overrides, run_dir=run_dir)
+    return run_lab_warm(*COMMON, *overrides, run_dir=run_dir)
 
 
 def ok(result):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab import run_lab
+from warm_lab import run_lab_warm
 from parity_runs import FSDP1, PARITY_RUN, assert_parity_ok, fsdp1_strategy_line
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ STRATEGY_RUNS = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp1")
-    return {name: run_lab(*PARITY_RUN, *FSDP1, *overrides, run_dir=root / name) for name, overrides in STRATEGY_RUNS.items()}
+    return {name: run_lab_warm(*PARITY_RUN, *FSDP1, *overrides, run_dir=root / name) for name, overrides in STRATEGY_RUNS.items()}
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGY_RUNS))
@@ -39,6 +39,6 @@ def test_no_shard_holds_twice_the_parameters_and_state_of_shard_grad_op(runs):
 
 
 def test_bf16_params_state_their_tolerance_and_differ_from_fp32(tmp_path):
-    result = run_lab(*PARITY_RUN, *FSDP1, "fsdp.param_dtype=bfloat16", run_dir=tmp_path / "run")
+    result = run_lab_warm(*PARITY_RUN, *FSDP1, "fsdp.param_dtype=bfloat16", run_dir=tmp_path / "run")
     p = assert_parity_ok(result, tolerance=5e-2)["parity"]
     assert p["max_loss_abs_diff"] > 1e-4, "bf16 compute must show against the fp32 reference"

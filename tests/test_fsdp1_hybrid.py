@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab import run_lab
+from warm_lab import run_lab_warm
 from parity_runs import FSDP1, PARITY_RUN, assert_parity_ok, fsdp1_strategy_line
 
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
     ids=["auto", "auto-no-reshard"],
 )
 def test_hsdp_mesh_derives_the_hybrid_strategy_and_matches_ddp(tmp_path, overrides, strategy):
-    result = run_lab("mesh=hsdp", *PARITY_RUN, *FSDP1, *overrides, run_dir=tmp_path / "run")
+    result = run_lab_warm("mesh=hsdp", *PARITY_RUN, *FSDP1, *overrides, run_dir=tmp_path / "run")
     s = assert_parity_ok(result)
     assert (s["world_size"], s["mesh"]["dp_replicate"], s["mesh"]["dp_shard"]) == (4, 2, 2)
     assert f" {strategy} on mesh" in fsdp1_strategy_line(result)

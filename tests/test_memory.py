@@ -20,7 +20,7 @@ from fsdp_lab.optim import build_optimizer
 from fsdp_lab.probes.memory import PHASES
 from fsdp_lab.probes.memory_breakdown import BREAKDOWN_JSON, BREAKDOWN_TABLE
 from in_process import run_lab_here
-from lab import run_lab
+from warm_lab import run_lab_warm
 from wandb_records import OfflineRun
 
 TRACKED = ("train.steps=2", "probes.memory.tracker=module", "probes.parity.enabled=false")
@@ -42,7 +42,7 @@ def tracked(tmp_path_factory):
     """The same model tracked at step 2 on 2 ranks (with W&B offline) and on 4 ranks."""
     runs = {}
     for world, logger in ((2, "logger=wandb"), (4, "logger=none")):
-        result = run_lab(*TRACKED, f"mesh.world_size={world}", logger, run_dir=tmp_path_factory.mktemp(f"w{world}") / "run")
+        result = run_lab_warm(*TRACKED, f"mesh.world_size={world}", logger, run_dir=tmp_path_factory.mktemp(f"w{world}") / "run")
         assert result.returncode == 0, result.stderr[-3000:]
         runs[world] = result
     return runs

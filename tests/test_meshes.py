@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab import run_lab
+from warm_lab import run_lab_warm
 from parity_runs import PARITY_RUN, assert_parity_ok
 
 pytestmark = pytest.mark.slow
@@ -24,6 +24,6 @@ pytestmark = pytest.mark.slow
     ids=["single", "ddp", "fsdp-size-policy", "hsdp-classes-policy"],
 )
 def test_mesh_preset_matches_ddp(tmp_path, overrides, mesh):
-    s = assert_parity_ok(run_lab(*overrides, *PARITY_RUN, run_dir=tmp_path / "run"))
+    s = assert_parity_ok(run_lab_warm(*overrides, *PARITY_RUN, run_dir=tmp_path / "run"))
     assert s["mesh"] == mesh
     assert s["world_size"] == mesh["pp"] * mesh["dp_replicate"] * mesh["dp_shard"] * mesh["tp"]

@@ -4,28 +4,22 @@ one run, one run dir, written by both."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from lab import REPO, lab_env
+from worlds import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_torchrun_nodes_train_one_run_into_one_run_dir(tmp_path):
     run_dir = tmp_path / "run"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "two-nodes"]
-    lab = ["-m", "fsdp_lab", "train.steps=2", "logger=none", "model.n_layers=1", "checkpoint=dcp", f"hydra.run.dir={run_dir}"]
+    lab = ["-m", "fsdp_lab", "debug=cpu_tiny", "model.n_layers=1", "checkpoint=dcp", f"hydra.run.dir={run_dir}"]
     nodes = [subprocess.Popen(torchrun + lab, cwd=REPO, env=lab_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(2)]
     outputs = [node.communicate(timeout=300)[0] for node in nodes]

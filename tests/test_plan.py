@@ -19,7 +19,7 @@ from fsdp_lab.plan.host import Counts, fit_host
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.run import PLAN_FILE, plan, run_plan
 from fsdp_lab.plan.search import _estimable, _estimated_peak_mib, layouts, meshes, rank
-from lab import run_lab
+from warm_lab import run_lab_warm
 
 # A small Llama-style model planned for 64 H100s: its traces are quick, its layouts many.
 MODEL = ["model.dim=256", "model.n_layers=4", "model.n_heads=8", "model.ffn_dim=512", "model.vocab_size=1024",
@@ -117,7 +117,7 @@ def test_the_cost_model_moves_the_right_way(planned):
 
 @pytest.mark.slow
 def test_plan_validate_runs_the_best_candidate_here_and_reports_its_error(tmp_path):
-    result = run_lab(*MODEL, "model.n_layers=2", "train.seq_len=32", "mode=plan", "plan.gpus=2", "plan.gpus_per_node=2",
+    result = run_lab_warm(*MODEL, "model.n_layers=2", "train.seq_len=32", "mode=plan", "plan.gpus=2", "plan.gpus_per_node=2",
                      "plan.device=h200", "plan.global_batch_tokens=128", "plan.validate=1", "plan.top=3",
                      run_dir=tmp_path / "plan", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

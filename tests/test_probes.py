@@ -1,5 +1,5 @@
-"""The probe protocol in process (one gloo rank): a probe is one module plus one line in the
-registry; the probes run in the documented order; summary.json holds only the keys its schema
+"""The probe protocol in process (one gloo rank; a fake group for collective counts): a probe is one
+module plus one line in the registry; the probes run in the documented order; summary.json holds only the keys its schema
 writes down; the learning-rate schedules; the bad inputs of clipping, schedules and faults live in
 tests/test_bad_input.py, and the multi-rank behaviour in tests/test_clip_schedule_localize.py."""
 
@@ -10,9 +10,11 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import fsdp_lab.train
 from fsdp_lab.config import ConfigError, OptimConfig
+from fsdp_lab.dist import DistContext
 from fsdp_lab.optim import lr_factor
 from fsdp_lab.probes import registry
 from fsdp_lab.summary import SCHEMA, base_summary, finished, keys_of
@@ -69,6 +71,22 @@ def test_probes_are_built_in_the_documented_order(tiny, world_of_one):
     assert [type(p) for p in registry.build_probes(run, dims, world_of_one)] == list(registry.PROBES[:5])
     run, dims = tiny("probes.parity.enabled=false", "model=mlp_stack", "model.freeze=in_proj")
     assert [type(p).__name__ for p in registry.build_probes(run, dims, world_of_one)] == ["PhaseMemoryProbe", "ThroughputProbe", "FrozenProbe"]
+
+
+def test_the_comm_probe_counts_each_units_collectives_per_step(prepared, fake_group):
+    """Rank 0 of 2 on a fake group (collectives are issued, and do nothing): the tiny transformer's 3
+    FSDP2 units (2 blocks and the root) each all-gather in forward and again in backward, or once when
+    parameters stay gathered after forward, and each reduce-scatters its gradients once."""
+    def counts(*overrides: str) -> list[tuple[int, int, int]]:
+        run, dims = prepared("debug=cpu_tiny", "probes=off", "probes.comm.enabled=true", *overrides)
+        fake_group(dims.world_size)
+        ctx = DistContext(rank=0, local_rank=0, world_size=dims.world_size, device=torch.device("cpu"))
+        rows: list[dict] = []
+        build_trainer(run, dims, ctx, on_step=rows.append).run()
+        return [(r["comm/all_gather_count"], r["comm/reduce_scatter_count"], r["comm/all_reduce_count"]) for r in rows]
+
+    assert counts() == [(6, 3, 0)] * 2
+    assert counts("fsdp.reshard_after_forward=false") == [(3, 3, 0)] * 2
 
 
 def test_summary_holds_only_the_keys_of_its_schema(train):

@@ -8,7 +8,8 @@ import json
 import pytest
 import yaml
 
-from lab import REPO, run_lab
+from lab import REPO
+from warm_lab import run_lab_warm
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +21,7 @@ GPU_ONLY = {"tracker_accuracy"}
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory) -> dict[str, tuple[dict, list[dict]]]:
     sweep_dir = tmp_path_factory.mktemp("torch_scenarios")
-    result = run_lab("-m", "+experiment=glob(torch_*)", "train.steps=3", "logger=none", "hydra.launcher.max_ranks=4",
+    result = run_lab_warm("-m", "+experiment=glob(torch_*)", "train.steps=3", "logger=none", "hydra.launcher.max_ranks=4",
                      f"hydra.sweep.dir={sweep_dir}", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     out = {}

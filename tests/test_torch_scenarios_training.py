@@ -15,7 +15,7 @@ from checkpoints import assert_bitwise_equal, params
 from fsdp_lab.checkpoint import step_dir_name
 from fsdp_lab.checks import resumed
 from fsdp_lab.config import ConfigError
-from lab import run_lab
+from warm_lab import run_lab_warm
 
 NO_RESHARD = ("torch_multi_group", "torch_multi_forward_module", "torch_non_root_forward_backward", "torch_float64_after_sharding")
 
@@ -24,7 +24,7 @@ NO_RESHARD = ("torch_multi_group", "torch_multi_forward_module", "torch_non_root
 def no_reshard(tmp_path_factory) -> dict[str, tuple[dict, list[dict], Path]]:
     """The 2-rank scenarios, each with reshard_after_forward=false (their experiments reshard)."""
     sweep_dir = tmp_path_factory.mktemp("no_reshard")
-    result = run_lab("-m", f"+experiment={','.join(NO_RESHARD)}", "fsdp.reshard_after_forward=false", "train.steps=3",
+    result = run_lab_warm("-m", f"+experiment={','.join(NO_RESHARD)}", "fsdp.reshard_after_forward=false", "train.steps=3",
                      "logger=none", "hydra.launcher.max_ranks=4", f"hydra.sweep.dir={sweep_dir}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     out = {}
@@ -76,10 +76,10 @@ def test_a_model_cast_to_float64_after_sharding_trains_in_float64(no_reshard):
 @pytest.fixture(scope="module")
 def resume_pair(tmp_path_factory):
     """The 2D checkpoint-resume experiment (rank 1 killed after step 2, restarted, resumed) and the same
-    run without the fault, 4 steps each."""
+    run without the fault, 3 steps each (the last one after the resume)."""
     runs = {}
     for name, fault in (("resumed", ()), ("uninterrupted", ("fault.kill_rank=null", "fault.at_step=null"))):
-        runs[name] = run_lab("+experiment=torch_2d_checkpoint_resume", "train.steps=4", "logger=none", *fault,
+        runs[name] = run_lab_warm("+experiment=torch_2d_checkpoint_resume", "train.steps=3", "logger=none", *fault,
                              run_dir=tmp_path_factory.mktemp(name) / "run", timeout=600)
         assert runs[name].returncode == 0, runs[name].stderr[-3000:]
     return runs
@@ -92,9 +92,9 @@ def test_2d_checkpoint_resume_ends_bitwise_like_an_uninterrupted_run(resume_pair
     assert uninterrupted.summary["checkpoint"]["resumed_from"] is None
     assert interrupted.summary["checks"]["resumed"]["ok"] and not uninterrupted.summary["checks"]["resumed"]["ok"]
     assert interrupted.summary["mesh"] == uninterrupted.summary["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 2, "engine": "fsdp2"}
-    assert [r["step"] for r in interrupted.metrics] == [1, 2, 3, 4]
+    assert [r["step"] for r in interrupted.metrics] == [1, 2, 3]
     assert [r["loss"] for r in interrupted.metrics] == [r["loss"] for r in uninterrupted.metrics], "bitwise: the same floats"
-    last = step_dir_name(4)
+    last = step_dir_name(3)
     assert_bitwise_equal(params(interrupted.run_dir / "checkpoints" / last, tmp_path), params(uninterrupted.run_dir / "checkpoints" / last, tmp_path))
 
 

@@ -11,7 +11,7 @@ from in_process import run_lab_here
 from lab import run_lab
 
 
-TINY = ["train.steps=2", "logger=none", "probes.memory.enabled=false", "model.n_layers=1", "model.dim=16", "model.ffn_dim=32"]
+TINY = ["debug=cpu_tiny", "model.n_layers=1", "probes.memory.enabled=false"]
 
 
 def sweep(sweep_dir, *overrides: str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from fsdp_lab.config import ConfigError
-from lab import run_lab
+from warm_lab import run_lab_warm
 
 SGD = ("optim=sgd", "optim.lr=0.1", "logger=none")
 TINY_TRANSFORMER = ("model.dim=16", "model.n_heads=2", "model.vocab_size=32", "train.seq_len=8")
@@ -31,7 +31,7 @@ def assert_parity(result, world_size: int, mesh: dict, steps: int) -> dict:
 @pytest.mark.slow
 def test_tp2d_transformer_with_sequence_parallel_and_odd_ffn_matches_ddp(tmp_path):
     steps = 5
-    result = run_lab(
+    result = run_lab_warm(
         "mesh=tp2d", "mesh.sequence_parallel=true", "model.ffn_dim=45", *TINY_TRANSFORMER, *SGD,
         f"train.steps={steps}", run_dir=tmp_path / "run",
     )
@@ -58,7 +58,7 @@ def test_tp2d_transformer_with_sequence_parallel_and_odd_ffn_matches_ddp(tmp_pat
 )
 def test_pipeline_schedule_matches_unpipelined_ddp(tmp_path, schedule, overrides, world_size, mesh, stages_line):
     steps = 3
-    result = run_lab(
+    result = run_lab_warm(
         *overrides, f"mesh.pp_schedule={schedule}", *SGD, f"train.steps={steps}", "launch.timeout_s=120",
         run_dir=tmp_path / "run",
     )
