@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
 
+import torch
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -69,6 +71,17 @@ def spawn_ranks(run: RunConfig, dims: ParallelDims, run_dir: Path) -> None:
            max_restarts=run.launch.max_restarts, start_method=start_method)
 
 
+def _with_launch_threads(entry):
+    """A forked rank inherits this process's intra-op thread pool, sized when torch was imported,
+    before launch() set OMP_NUM_THREADS: size it as a freshly started rank would size its own (else
+    every rank runs one thread per core, and ranks sharing the cores oversubscribe them)."""
+    @functools.wraps(entry)
+    def rank(*args):
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        return entry(*args)
+    return rank
+
+
 def launch(entry, args: tuple, *, n: int, run_dir: Path, max_restarts: int, start_method: str) -> None:
     """`entry(*args)` on `n` local ranks through torch elastic, their output under `run_dir`/logs."""
     # One thread per rank share of the cores; also silences elastic's warning about the default.
@@ -85,6 +98,8 @@ def launch(entry, args: tuple, *, n: int, run_dir: Path, max_restarts: int, star
             log_dir=str(run_dir / "logs"), tee={i: Std.ALL if i == 0 else Std.ERR for i in range(n)}
         ),
     )
+    if start_method == "fork":
+        entry = _with_launch_threads(entry)
     try:
         elastic_launch(config, entry)(*args)
     except ChildFailedError as e:

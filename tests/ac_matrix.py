@@ -51,5 +51,9 @@ def train_variant(overrides: list[str], ctx) -> dict:
     }
 
 
-if __name__ == "__main__":
-    run_matrix(variants(), train_variant, sys.argv[1])
+def main(out_path: str) -> None:
+    run_matrix(variants(), train_variant, out_path)
+
+
+if __name__ == "__main__":  # torchrun --nproc-per-node 2 tests/ac_matrix.py OUT.json
+    main(sys.argv[1])

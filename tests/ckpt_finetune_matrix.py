@@ -102,5 +102,9 @@ def all_variants() -> dict[str, list[str]]:
     return {**checkpoint_variants(), **composition_variants(), **fine_tune_variants()}
 
 
-if __name__ == "__main__":
-    run_matrix(all_variants(), train_variant, sys.argv[1])
+def main(out_path: str) -> None:
+    run_matrix(all_variants(), train_variant, out_path)
+
+
+if __name__ == "__main__":  # torchrun --nproc-per-node 2 tests/ckpt_finetune_matrix.py OUT.json
+    main(sys.argv[1])

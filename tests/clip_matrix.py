@@ -1,4 +1,4 @@
-"""One rank of the clipping, schedule and localisation matrix (4 ranks, started once by torchrun from
+"""One rank of the clipping, schedule and localisation matrix (4 ranks, started once by torch elastic from
 tests/test_clip_schedule_localize.py through matrix_rank.launch). Rank 0 writes {label: result} as JSON:
 
 - clip/<mesh>: SGD with a small optim.max_norm on fsdp, hsdp, fsdp1, ddp, tp2d and a pipelined mesh;

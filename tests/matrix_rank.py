@@ -1,29 +1,37 @@
-"""Variant matrices on one set of ranks: torchrun starts 2 ranks once (`launch`), and they train
-every variant of a matrix module (tests/ac_matrix.py, tests/ckpt_finetune_matrix.py), each composed
+"""Variant matrices on one set of ranks: torch elastic (torchrun's API, fsdp_lab.spawn.launch) forks
+2 ranks once, from a warm process (tests/warm_lab.py), and they train every variant of a matrix
+module (tests/ac_matrix.py, tests/ckpt_finetune_matrix.py, ...), each composed
 from conf/ by Hydra and built by the lab's own `build_trainer`. Rank 0 writes {label: result} as
 JSON; a variant that raises is recorded as {"error": its traceback}, so its test names it and the
 other variants still run."""
 
 from __future__ import annotations
 
+import importlib
 import json
-import subprocess
-import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from fsdp_lab.dist import init_distributed
-from lab import REPO, lab_env
+from warm_lab import in_a_warm_process
+
+
+def _matrix_rank(matrix_module: str, out_path: str) -> None:
+    importlib.import_module(matrix_module).main(out_path)
+
+
+def _matrix_ranks(matrix_module: str, out_path: str, nproc: int) -> None:
+    from fsdp_lab.spawn import launch as launch_ranks
+
+    launch_ranks(_matrix_rank, (matrix_module, out_path), n=nproc, run_dir=Path(out_path).parent, max_restarts=0, start_method="fork")
 
 
 def launch(matrix_module: str, out_dir: Path, timeout: float = 600, nproc: int = 2) -> dict:
-    """Run `tests/<matrix_module>.py` on `nproc` ranks; returns rank 0's {label: result}."""
+    """`tests/<matrix_module>.py`'s main on `nproc` ranks; returns rank 0's {label: result}."""
     out = out_dir / "matrix.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           str(REPO / "tests" / f"{matrix_module}.py"), str(out)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=lab_env())
-    assert proc.returncode == 0, proc.stdout[-1000:] + proc.stderr[-3000:]
+    code, stdout, stderr = in_a_warm_process(_matrix_ranks, (matrix_module, str(out), nproc), timeout=timeout)
+    assert code == 0, stdout[-1000:] + stderr[-3000:]
     return json.loads(out.read_text())
 
 

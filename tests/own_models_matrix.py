@@ -49,5 +49,9 @@ def train_variant(overrides: list[str], ctx) -> dict:
     return {"parity": trainer.reference.verdict.as_summary(), "losses": [r["loss"] for r in rows]}
 
 
-if __name__ == "__main__":
-    run_matrix(variants(), train_variant, sys.argv[1])
+def main(out_path: str) -> None:
+    run_matrix(variants(), train_variant, out_path)
+
+
+if __name__ == "__main__":  # torchrun --nproc-per-node 2 tests/own_models_matrix.py OUT.json
+    main(sys.argv[1])

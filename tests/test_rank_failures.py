@@ -1,19 +1,22 @@
 """A failed rank is reported by its own error, `Type: message`, never by torch elastic's boilerplate:
 real ranks started through torch elastic (the launcher the lab spawns its runs with), each failing
-its own way. They are spawned, not forked: by now the test process holds threads of earlier in-process
-runs (W&B's exporters), and a child forked from a threaded process can abort before it reports."""
+its own way. They are forked from a warm process (tests/warm_lab.py), not from the test process: by
+now it holds threads of earlier in-process runs (W&B's exporters), and a child forked from a
+threaded process can abort before it reports."""
 
 from __future__ import annotations
 
 import os
 import pickle
 import signal
+from pathlib import Path
 
 import pytest
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fsdp_lab.failure_report import record_failure
 from fsdp_lab.spawn import RankFailed, launch
+from warm_lab import in_a_warm_process
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
@@ -47,6 +50,14 @@ def killed():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def report_of_one_failed_rank(entry, run_dir: str) -> None:
+    """In the warm process: `entry` on one rank through torch elastic; prints how its failure is reported."""
+    try:
+        launch(entry, (), n=1, run_dir=Path(run_dir), max_restarts=0, start_method="fork")
+    except RankFailed as e:
+        print(f"RankFailed: {e}")
+
+
 @pytest.mark.parametrize("entry,reported", [
     (raises_value_error, "rank 0 failed: ValueError: train.batch_size must be positive"),
     (raises_multiline, "rank 0 failed: RuntimeError: the first line says it"),
@@ -55,6 +66,6 @@ def killed():
     (killed, "rank 0 died from signal SIGKILL"),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_a_failed_rank_is_reported_by_its_own_error(entry, reported, tmp_path):
-    with pytest.raises(RankFailed) as failed:
-        launch(entry, (), n=1, run_dir=tmp_path / "run", max_restarts=0, start_method="spawn")
-    assert str(failed.value) == reported
+    code, stdout, stderr = in_a_warm_process(report_of_one_failed_rank, (entry, str(tmp_path / "run")), timeout=120)
+    assert code == 0, stderr[-3000:]
+    assert f"RankFailed: {reported}" in stdout.splitlines(), stdout[-2000:]

@@ -25,32 +25,43 @@ _server = multiprocessing.get_context("forkserver")
 _server.set_forkserver_preload(PRELOAD)
 
 
-def _as_the_cli(args: list[str], env: dict[str, str], out_path: str, err_path: str) -> None:
-    """In the forked process: become `python -m fsdp_lab ARGS` started in the repo with `env`."""
+def _in_the_repo(target, args: tuple, env: dict[str, str], out_path: str, err_path: str) -> None:
+    """In the forked process: started in the repo with `env`, output to files, as a fresh process."""
     os.chdir(REPO)
     os.environ.clear()
     os.environ.update(env)
     for fd, path in ((1, out_path), (2, err_path)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        os.dup2(os.open(path, os.O_WRONLY), fd)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)  # PYTHONUNBUFFERED's effect on a fresh interpreter
-    sys.argv = ["fsdp_lab", *args]
     try:
-        runpy.run_module("fsdp_lab", run_name="__main__", alter_sys=True)  # SystemExit is the exit code
+        target(*args)  # SystemExit is the exit code
     finally:
         atexit._run_exitfuncs()  # what an interpreter's exit runs (W&B writes out its run files); a fork skips it
 
 
-def run_lab_warm(*overrides: str, run_dir: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> LabRun:
-    """As tests/lab.run_lab(*overrides, run_dir=..., timeout=..., env=...)."""
-    args = list(overrides) + ([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])
+def in_a_warm_process(target, args: tuple, *, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """`target(*args)` (a module-level function) in a process forked from the warm server, started in
+    the repo with `env` (default: tests/lab.lab_env()); returns its exit code, stdout and stderr."""
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        process = _server.Process(target=_as_the_cli, args=(args, env or lab_env(), str(out), str(err)), name="fsdp_lab")
+        out.touch(), err.touch()  # read back even if the process dies before it redirects its output
+        process = _server.Process(target=_in_the_repo, args=(target, args, env or lab_env(), str(out), str(err)), name=target.__name__)
         process.start()
         process.join(timeout)
         if process.is_alive():
             process.kill()
             process.join()
-            raise subprocess.TimeoutExpired(["fsdp_lab", *args], timeout, out.read_text(), err.read_text())
-        return lab_run(process.exitcode, out.read_text(), err.read_text())
+            raise subprocess.TimeoutExpired(target.__name__, timeout, out.read_text(), err.read_text())
+        return process.exitcode, out.read_text(), err.read_text()
+
+
+def _as_the_cli(args: list[str]) -> None:
+    sys.argv = ["fsdp_lab", *args]
+    runpy.run_module("fsdp_lab", run_name="__main__", alter_sys=True)
+
+
+def run_lab_warm(*overrides: str, run_dir: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> LabRun:
+    """As tests/lab.run_lab(*overrides, run_dir=..., timeout=..., env=...)."""
+    args = list(overrides) + ([f"hydra.run.dir={run_dir}"] if run_dir is not None else [])
+    return lab_run(*in_a_warm_process(_as_the_cli, (args,), timeout=timeout, env=env))
