@@ -1,5 +1,6 @@
 """What the hand-written loops share (fsdp2_yardstick.py, torchtitan_yardstick.py): the model's shape
-on the command line, the process group, and the timed loop that prints one JSON line (rank 0)."""
+on the command line, the process group, and the timed loop, clipped as torchtitan's trainer clips,
+that prints one JSON line (rank 0)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ import time
 
 import torch
 import torch.distributed as dist
+
+MAX_NORM = 1.0
+"""Every step clips the gradient to this norm, as torchtitan's trainer does (training.max_norm=1.0,
+with torch's clip_grad_norm_) and the lab's bench_llama1b (optim.max_norm=1.0): all peers pay for it."""
 
 SHAPE = (("dim", 2048), ("n_layers", 16), ("n_heads", 16), ("ffn_dim", 5632), ("vocab_size", 32000),
          ("seq_len", 2048), ("batch_size", 4), ("steps", 20), ("warmup", 5), ("dp_replicate", 1), ("tp", 1))
@@ -49,8 +54,8 @@ def synchronize(device: torch.device) -> None:
 
 def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.device,
                around_backward=contextlib.nullcontext) -> None:
-    """Random tokens, `a.steps` steps, the median of those after `a.warmup`; rank 0 prints
-    step_time_s, tokens_per_s (per GPU: a tp group shares one batch), peak_mib and params.
+    """Random tokens, `a.steps` steps (each clipped to MAX_NORM), the median of those after
+    `a.warmup`; rank 0 prints step_time_s, tokens_per_s (per GPU: a tp group shares one batch), peak_mib and params.
     `around_backward`: the context the loss and its backward run in."""
     tokens = torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len + 1), device=device)
     times = []
@@ -61,6 +66,7 @@ def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.d
         with around_backward():
             loss = loss_fn(logits, tokens[:, 1:])
             loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         synchronize(device)
