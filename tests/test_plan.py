@@ -145,8 +145,8 @@ def test_tp_candidates_get_the_estimate_s_peak(planned):
 
 
 def test_host_figures_are_recovered_from_the_tiny_runs_step_times():
-    """fit_host inverts the host model: step times made from known per-op, per-TP-matmul and
-    per-compiled-kernel costs give those costs back."""
+    """fit_host inverts the host model: step times made from known per-op, per-TP-matmul,
+    per-compiled-kernel and per-accumulated-microbatch costs give those costs back."""
     counts = {2: Counts(ops=1700, kernels=49), 6: Counts(ops=4636, kernels=141)}
     op_s, step_s, tp_kernel_s, tp_step_s, compiled_kernel_s = 8e-6, 1e-3, 5e-5, 2e-3, 2e-4
     rest_ops, rest_kernels = 1700 - 2 * 734, 49 - 2 * 23
@@ -154,11 +154,15 @@ def test_host_figures_are_recovered_from_the_tiny_runs_step_times():
     def eager(L): return counts[L].ops * op_s + step_s
     def tp(L): return eager(L) + counts[L].kernels * tp_kernel_s + tp_step_s
     def compiled(L): return L * 23 * compiled_kernel_s + rest_ops * op_s + step_s
+    def mb2(L): return 2 * counts[L].ops * op_s + step_s + L * microbatch_block_s + microbatch_rest_s
 
-    fitted = fit_host({f"{name} {L}": f(L) for name, f in (("eager", eager), ("tp", tp), ("compiled", compiled)) for L in (2, 6)}, counts)
+    microbatch_block_s, microbatch_rest_s = 3e-4, 7e-4
+    runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2))
+    fitted = fit_host({f"{name} {L}": f(L) for name, f in runs for L in (2, 6)}, counts)
     assert fitted["op_s"] == pytest.approx(op_s) and fitted["step_s"] == pytest.approx(step_s)
     assert fitted["tp_kernel_s"] == pytest.approx(tp_kernel_s) and fitted["tp_step_s"] == pytest.approx(tp_step_s)
     assert fitted["compiled_kernel_s"] == pytest.approx(compiled_kernel_s) and fitted["compiled_step_s"] == pytest.approx(0, abs=1e-12)
+    assert fitted["microbatch_block_s"] == pytest.approx(microbatch_block_s) and fitted["microbatch_rest_s"] == pytest.approx(microbatch_rest_s)
     assert rest_kernels == 3
 
 

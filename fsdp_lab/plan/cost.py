@@ -208,7 +208,9 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     # The step's own host work (clipping, the optimizer's launch, zero_grad, the loss's sync) follows
     # the last backward's issue, while the GPU may still be running it.
     step_host = host["step_s"] + (host.get("tp_step_s", 0.0) if tp > 1 else 0.0) + (host["compiled_step_s"] if layout.compile else 0.0)
-    host_s = layout.microbatches * mb["host"] + step_host
+    # Each microbatch after the first adds gradient accumulation's host work (absent: not calibrated).
+    accumulate = (layout.microbatches - 1) * (L * host.get("microbatch_block_s", 0.0) + host.get("microbatch_rest_s", 0.0))
+    host_s = layout.microbatches * mb["host"] + accumulate + step_host
     step = max(passes + optimizer, host_s)
     # Host-bound: the GPU waits for the host a tenth of the time or more, or the host's work sets the step.
     host_bound = mb["idle"] > 0.1 * mb["gpu"] or host_s > passes + optimizer

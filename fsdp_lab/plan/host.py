@@ -4,9 +4,12 @@ A tiny Llama (its kernels take microseconds, so its step takes what the CPU take
 the lab's own trainer at two depths, eager, with TP and compiled. The step times' difference per
 block, divided by what the plan's trace counts in a block (ops dispatched; matmul and attention
 calls), gives seconds per op, the extra per TP matmul (DTensor dispatch, redistribution) and per
-compiled block's kernel; what is left at depth 2, less the model's other ops, is the step's own
-host work (gradient clipping, the optimizer's launch, zero_grad, the loss's sync, the probes). None
-of it comes from the configurations the plan is checked against."""
+compiled block's kernel (model.compile compiles the loss too, so the compiled runs price it); what
+is left at depth 2, less the model's other ops, is the step's own host work (gradient clipping, the
+optimizer's launch, zero_grad, the loss's sync, the probes). A run with two microbatches of one
+sample prices gradient accumulation: what its second microbatch costs beyond one more microbatch's
+ops, per block and for the rest. None of it comes from the configurations the plan is checked
+against."""
 
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ TINY_MODEL = ("model.dim=256", "model.n_layers={layers}", "model.n_heads=4", "mo
               "train.seq_len=128", "train.batch_size=1", "fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32")
 TIMED = ("train.steps=12", "probes.perf.warmup_steps=4", "probes.parity.enabled=false", "logger=none")
 DEPTHS = (2, 6)
-VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true",)}
+VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true",),
+            "mb2": ("train.batch_size=2", "train.microbatches=2")}  # two microbatches of the eager run's one sample
 
 
 def host_runs(world_size: int) -> list[tuple[str, list[str]]]:
@@ -71,6 +75,9 @@ def fit_host(step_s: dict[str, float], counts: dict[int, Counts]) -> dict:
         out["tp_kernel_s"] = max((per_block("tp") - per_block("eager")) / kernels_block, 0.0)
         tp_fixed = step_s[f"tp {lo}"] - lo * per_block("tp") - rest_ops * op_s - rest_kernels * out["tp_kernel_s"]
         out["tp_step_s"] = max(tp_fixed - out["step_s"], 0.0)
+    if "mb2 2" in step_s:  # the second microbatch beyond its own ops: accumulation, FSDP's extra unshard and sync
+        out["microbatch_block_s"] = max(per_block("mb2") - 2 * per_block("eager"), 0.0)
+        out["microbatch_rest_s"] = max(step_s[f"mb2 {lo}"] - lo * per_block("mb2") - 2 * rest_ops * op_s - out["step_s"], 0.0)
     out["compiled_kernel_s"] = per_block("compiled") / kernels_block
     compiled_fixed = step_s[f"compiled {lo}"] - lo * per_block("compiled") - rest_ops * op_s
     out["compiled_step_s"] = max(compiled_fixed - out["step_s"], 0.0)
