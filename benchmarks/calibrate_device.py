@@ -7,8 +7,7 @@ through the lab's own trainer, per op dispatched, per TP matmul, per compiled ke
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --host-only --out fsdp_lab/plan/devices/h200.json
 
 Rank 0 writes the table; every rank takes part in the collectives. `--host-only` measures the host
-section alone into an existing table; otherwise an existing table keeps what the run cannot measure
-(the collectives, on one GPU). `--quick` (and a CPU machine) runs tiny shapes, to check the
+section alone into an existing table. `--quick` (and a CPU machine) runs tiny shapes, to check the
 script itself."""
 
 from __future__ import annotations
@@ -32,26 +31,22 @@ BANDWIDTH_MIB = (1, 8, 64, 512)
 COLLECTIVE_MIB = (1, 8, 64, 256)
 
 
-def timed(fn, iters: int, device: torch.device, bursts: int = 3) -> float:
-    """Seconds of one call of fn, the median over bursts of `iters` calls. On the GPU a burst runs back
-    to back between two events, as a step issues its kernels: one call per synchronize would time
-    each kernel from an idle GPU (clocks down, launch latency exposed). Wall time on the CPU."""
+def timed(fn, iters: int, device: torch.device) -> float:
+    """Median seconds of one call of fn (GPU time through events; wall time on CPU)."""
     fn()
     times = []
-    for _ in range(bursts):
+    for _ in range(iters):
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            for _ in range(iters):
-                fn()
+            fn()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3 / iters)
+            times.append(start.elapsed_time(end) / 1e3)
         else:
             t = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            times.append((time.perf_counter() - t) / iters)
+            fn()
+            times.append(time.perf_counter() - t)
     return sorted(times)[len(times) // 2]
 
 
@@ -131,11 +126,10 @@ def main() -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    # An existing table keeps what this run does not measure (its spec; its collectives when one GPU runs it).
-    table = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
-    if not args.host_only:
-        name = torch.cuda.get_device_name(device) if cuda else "cpu"
-        table.update(name=name, torch=torch.__version__, measured=True, compute_measured_on=f"{name} x{world}, torch {torch.__version__}")
+    if args.host_only:
+        table = json.loads(Path(args.out).read_text())
+    else:
+        table = {"name": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__, "measured": True}
         measure_kernels(table, device, rank, world, quick=args.quick or not cuda)
     step_s = host_step_times(world)
     if rank == 0:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from compose import compose_run
-from fsdp_lab.plan.cost import Layout, group_link, step_time
+from fsdp_lab.plan.cost import Layout, group_link, price, step_time
 from fsdp_lab.plan.device import Device, load_device
 from fsdp_lab.plan.host import Counts, fit_host
 from fsdp_lab.plan.predict import Predictor
@@ -164,6 +164,32 @@ def test_host_figures_are_recovered_from_the_tiny_runs_step_times():
     assert fitted["compiled_kernel_s"] == pytest.approx(compiled_kernel_s) and fitted["compiled_step_s"] == pytest.approx(0, abs=1e-12)
     assert fitted["microbatch_block_s"] == pytest.approx(microbatch_block_s) and fitted["microbatch_rest_s"] == pytest.approx(microbatch_rest_s)
     assert rest_kernels == 3
+
+
+def test_blocks_and_the_rest_add_up_to_the_whole_model_priced_op_by_op(planned):
+    """The per-unit parts the simulation runs, at a microbatch size the traces do not have, sum to the
+    whole model's ops priced one by one at that size (the blocks' and the output's matmuls grow
+    with the batch at different rates)."""
+    _, _, _, _, predictor = planned
+    model, device = predictor.model("none"), predictor.device
+    L = model.layers
+    block, rest = model.parts(3, 1, device)
+    whole = price(model.traces[(L, 1)], model.traces[(L, 2)], 3, 1, device)
+    for ph in ("fwd", "bwd"):
+        for part in ("mm", "attn", "mem", "host_ops", "kernels"):
+            assert L * getattr(block[ph], part) + getattr(rest[ph], part) == pytest.approx(getattr(whole[ph], part), rel=1e-9)
+        assert block[ph].mm > 0 and rest[ph].mm > 0
+
+
+def test_each_microbatch_after_the_first_adds_the_calibrated_accumulation_host_work(planned):
+    _, candidates, _, _, predictor = planned
+    layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=3)
+    layout = dataclasses.replace(layout, dp_shard=64 // (layout.dp_replicate * layout.tp))
+    model, device = predictor.model(layout.ac), predictor.device
+    without = Device(device.name, {**device.table, "host": {k: v for k, v in device.host.items() if not k.startswith("microbatch_")}})
+    accumulating = Device(device.name, {**device.table, "host": {**without.host, "microbatch_block_s": 1e-3, "microbatch_rest_s": 2e-3}})
+    added = step_time(model, layout, accumulating, 8)["host_s"] - step_time(model, layout, without, 8)["host_s"]
+    assert added == pytest.approx(2 * (model.layers * 1e-3 + 2e-3))
 
 
 def test_a_slow_host_makes_the_step_host_bound(planned):

@@ -1,7 +1,7 @@
 """Step time of one layout from the traced ops and a device table.
 
-Traces of 1 and 2 blocks at 1 and 2 samples give, by difference, what one block and what the rest of
-the model cost at any depth and microbatch size. Each op is priced on the device: matmuls and
+Traces of 2 blocks and of the whole model at 1 and 2 samples give, by difference, what one block and
+what the rest of the model cost at any microbatch size (and so at any pipeline stage's depth). Each op is priced on the device: matmuls and
 attention by shape from the measured tables, everything else by the bytes it moves. TP divides the
 matmuls and the sharded activations and adds its all-reduces; FSDP's all-gathers and
 reduce-scatters run on a comm stream beside the compute, unit by unit, as FSDP2 issues them
@@ -13,7 +13,7 @@ its GPU work is host-bound, and one whose GPU work is longer hides the host's.""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fsdp_lab.plan.device import Device
 from fsdp_lab.plan.trace import Op, Trace
@@ -58,6 +58,9 @@ class Parts:
     def __sub__(self, o: Parts) -> Parts:
         return Parts(self.mm - o.mm, self.attn - o.attn, self.mem - o.mem, self.host_ops - o.host_ops,
                      self.kernels - o.kernels, self.hidden_bytes)
+
+    def __truediv__(self, n: float) -> Parts:
+        return Parts(self.mm / n, self.attn / n, self.mem / n, self.host_ops / n, self.kernels / n, self.hidden_bytes)
 
 
 def _scaled(d1: tuple, d2: tuple, mb: int) -> tuple:
@@ -115,14 +118,27 @@ class Model:
     param_bytes: int  # bytes per element the all-gathers move (fsdp.param_dtype)
     reduce_bytes: int  # ... and the reduce-scatters (fsdp.reduce_dtype)
     seq_len: int
+    _priced: dict = field(default_factory=dict, repr=False)  # (mb, tp, device) -> parts: the search prices many layouts alike
 
     def parts(self, mb: int, tp: int, device: Device) -> tuple[dict[str, Parts], dict[str, Parts]]:
-        """(one block, the rest of the model) per phase, at microbatch size mb."""
-        t = self.traces
+        """(one block, the rest of the model) per phase, at microbatch size mb. Beyond 2 blocks, from
+        the whole model and 2 blocks, each priced op by op at mb samples: the blocks and the rest grow
+        with the batch at different rates (the output layer's matmul is efficient at any batch), so the
+        1-block trace, which has one sample only, would misplace the difference between them."""
+        key = (mb, tp, device.name)
+        if key not in self._priced:
+            self._priced[key] = self._parts(mb, tp, device)
+        return self._priced[key]
+
+    def _parts(self, mb: int, tp: int, device: Device) -> tuple[dict[str, Parts], dict[str, Parts]]:
+        t, L = self.traces, self.layers
         two = price(t[(2, 1)], t[(2, 2)], mb, tp, device)
-        one = _price_like(t[(1, 1)], t[(2, 1)], t[(2, 2)], mb, tp, device)
-        block = {ph: two[ph] - one[ph] for ph in two}
-        rest = {ph: one[ph] - block[ph] for ph in two}
+        if L > 2:
+            whole = price(t[(L, 1)], t[(L, 2)], mb, tp, device)
+            block = {ph: (whole[ph] - two[ph]) / (L - 2) for ph in two}
+        else:
+            block = {ph: two[ph] - _price_like(t[(1, 1)], t[(2, 1)], t[(2, 2)], mb, tp, device)[ph] for ph in two}
+        rest = {ph: two[ph] - block[ph] - block[ph] for ph in two}
         return block, rest
 
 
