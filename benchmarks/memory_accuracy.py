@@ -72,18 +72,12 @@ CONFIGS = {
 # What one GPU can run (world size 1: FSDP over one rank); larger batches too, so that activations,
 # not the gradients at the end of backward, make the peak.
 ONE_GPU = {
-    "fsdp": "",
-    "fsdp+ac": "ac.mode=full",
-    "fsdp+bf16": BF16,
-    "fsdp+bf16+ac": f"{BF16} ac.mode=full",
-    "fsdp+bf16+sel-ac": f"{BF16} ac.mode=selective ac.selective=layer",
-    "fsdp+bf16+accum4": f"{BF16} train.batch_size=4 train.microbatches=4",
-    "fsdp+bf16+long": f"{BF16} train.seq_len=4096 train.batch_size=1",
+    **{name: CONFIGS[name] for name in ("fsdp", "fsdp+ac", "fsdp+bf16", "fsdp+bf16+ac", "fsdp+bf16+sel-ac",
+                                         "fsdp+bf16+accum4", "fsdp+bf16+long", "hf-llama")},
     "fsdp+bf16+b8": f"{BF16} train.batch_size=8",
     "fsdp+bf16+sel-ac+b8": f"{BF16} ac.mode=selective ac.selective=layer train.batch_size=8",
-    "hf-llama": " ".join(HF_LLAMA),
     "hf-llama+bf16+b8": f"{' '.join(HF_LLAMA)} {BF16} train.batch_size=8",
-    "hf-llama+bf16+ac": f"{' '.join(HF_LLAMA)} {BF16} ac.mode=full",
+    "hf-llama+bf16+ac": CONFIGS["hf-llama+bf16+ac"],
 }
 CONFIG_SETS = {"default": CONFIGS, "one-gpu": ONE_GPU}
 REAL_RUN = ("train.steps=3", "probes.parity.enabled=false", "logger=none")
