@@ -8,6 +8,7 @@ creates and holds; the parity reference runs outside it."""
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 from torch import nn
@@ -15,6 +16,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 PHASES = ("start", "after_fwd", "after_loss", "after_bwd", "after_step", "done")
 MIB = 2**20
+SETTLE_READS = 50
 
 
 class TotalsTracker(MemTracker):
@@ -80,11 +82,25 @@ class PhaseMemory:
             self.readings[phase] = stats["allocated_bytes"]["all"]["current"] / MIB
             self.reserved[phase] = stats["reserved_bytes"]["all"]["current"] / MIB
             return
-        self.readings[phase] = tracker_total(self._tracker, self.device) / MIB
+        self.readings[phase] = self._settled_total() / MIB
         if self._tracker is self._own_tracker and phase in ("start", "after_bwd"):
             # A forward follows; MemTracker refuses a root module's second forward (the next
             # microbatch or step) unless its per-module statistics, unused here, are cleared.
             self._tracker.reset_mod_stats()
+
+    def _settled_total(self) -> int:
+        """The tracker's count once gloo's worker threads have let go of finished collectives'
+        buffers: a thread drops its reference to a work's tensors just after the work completes, so
+        a read right after `wait()` may still count them (tens of KiB, now and then: phases_stable
+        failed 1 run in 3). Re-read every millisecond until two reads agree (at most SETTLE_READS)."""
+        total = tracker_total(self._tracker, self.device)
+        for _ in range(SETTLE_READS):
+            time.sleep(1e-3)
+            again = tracker_total(self._tracker, self.device)
+            if again == total:
+                return total
+            total = again
+        return total
 
     def metrics(self) -> dict[str, float]:
         """`memory/<phase>_mib` and `memory/peak_mib` for the last step; on GPU also
