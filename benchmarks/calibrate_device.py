@@ -1,7 +1,8 @@
 """Measure the device table `mode=plan` costs a step with: matmul and attention throughput by shape,
 memory bandwidth by size, NCCL all-gather, reduce-scatter and all-reduce time by message size over the
 GPUs of this node, and the host's time to issue a step (fsdp_lab/plan/host.py: a tiny model's steps
-through the lab's own trainer, per op dispatched, per TP matmul, per compiled kernel).
+through the lab's own trainer, per op dispatched, per TP matmul, per compiled kernel, per accumulated
+microbatch, per checkpointed block).
 
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --out fsdp_lab/plan/devices/h200.json
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --host-only --out fsdp_lab/plan/devices/h200.json

@@ -146,8 +146,9 @@ def test_tp_candidates_get_the_estimate_s_peak(planned):
 
 def test_host_figures_are_recovered_from_the_tiny_runs_step_times():
     """fit_host inverts the host model: step times made from known per-op, per-TP-matmul,
-    per-compiled-kernel and per-accumulated-microbatch costs give those costs back."""
-    counts = {2: Counts(ops=1700, kernels=49), 6: Counts(ops=4636, kernels=141)}
+    per-compiled-kernel, per-accumulated-microbatch and per-checkpointed-block costs give those costs
+    back (the AC runs' recomputed ops are in their own counts, so not in the per-block figure)."""
+    counts = {2: Counts(ops=1700, kernels=49, ac_ops=2072), 6: Counts(ops=4636, kernels=141, ac_ops=5752)}
     op_s, step_s, tp_kernel_s, tp_step_s, compiled_kernel_s = 8e-6, 1e-3, 5e-5, 2e-3, 2e-4
     rest_ops, rest_kernels = 1700 - 2 * 734, 49 - 2 * 23
 
@@ -155,14 +156,16 @@ def test_host_figures_are_recovered_from_the_tiny_runs_step_times():
     def tp(L): return eager(L) + counts[L].kernels * tp_kernel_s + tp_step_s
     def compiled(L): return L * 23 * compiled_kernel_s + rest_ops * op_s + step_s
     def mb2(L): return 2 * counts[L].ops * op_s + step_s + L * microbatch_block_s + microbatch_rest_s
+    def ac(L): return counts[L].ac_ops * op_s + step_s + L * ac_block_s
 
-    microbatch_block_s, microbatch_rest_s = 3e-4, 7e-4
-    runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2))
+    microbatch_block_s, microbatch_rest_s, ac_block_s = 3e-4, 7e-4, 4e-4
+    runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2), ("ac", ac))
     fitted = fit_host({f"{name} {L}": f(L) for name, f in runs for L in (2, 6)}, counts)
     assert fitted["op_s"] == pytest.approx(op_s) and fitted["step_s"] == pytest.approx(step_s)
     assert fitted["tp_kernel_s"] == pytest.approx(tp_kernel_s) and fitted["tp_step_s"] == pytest.approx(tp_step_s)
     assert fitted["compiled_kernel_s"] == pytest.approx(compiled_kernel_s) and fitted["compiled_step_s"] == pytest.approx(0, abs=1e-12)
     assert fitted["microbatch_block_s"] == pytest.approx(microbatch_block_s) and fitted["microbatch_rest_s"] == pytest.approx(microbatch_rest_s)
+    assert fitted["ac_block_s"] == pytest.approx(ac_block_s)
     assert rest_kernels == 3
 
 
@@ -190,6 +193,21 @@ def test_each_microbatch_after_the_first_adds_the_calibrated_accumulation_host_w
     accumulating = Device(device.name, {**device.table, "host": {**without.host, "microbatch_block_s": 1e-3, "microbatch_rest_s": 2e-3}})
     added = step_time(model, layout, accumulating, 8)["host_s"] - step_time(model, layout, without, 8)["host_s"]
     assert added == pytest.approx(2 * (model.layers * 1e-3 + 2e-3))
+
+
+def test_an_ac_candidates_host_time_grows_by_the_calibrated_checkpoint_figure(planned):
+    """Each checkpointed block's backward adds the table's ac_block_s to the host's work, once per
+    microbatch; a layout without AC is unchanged, and a table without the figure counts it as 0."""
+    _, candidates, _, _, predictor = planned
+    layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=2)
+    layout = dataclasses.replace(layout, dp_shard=64 // (layout.dp_replicate * layout.tp))
+    device = predictor.device
+    without = Device(device.name, {**device.table, "host": {k: v for k, v in device.host.items() if k != "ac_block_s"}})
+    checkpointing = Device(device.name, {**device.table, "host": {**without.host, "ac_block_s": 1e-3}})
+    for ac, expected in (("full", 2 * predictor.model("full").layers * 1e-3), ("none", 0.0)):
+        lay, model = dataclasses.replace(layout, ac=ac), predictor.model(ac)
+        added = step_time(model, lay, checkpointing, 8)["host_s"] - step_time(model, lay, without, 8)["host_s"]
+        assert added == pytest.approx(expected, abs=1e-12)
 
 
 def test_a_slow_host_makes_the_step_host_bound(planned):

@@ -200,8 +200,11 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
             return p.kernels * host["compiled_kernel_s"]
         return p.host_ops * host["op_s"] + p.kernels * tp_host
 
+    # A checkpointed block's backward: its recomputed ops are in the trace; checkpoint's own host work
+    # is the table's per-block figure (absent: not calibrated; compiled blocks get the eager one).
+    ac_host = host.get("ac_block_s", 0.0) if layout.ac == "full" else 0.0
     fwd_b = Work(gpu(block["fwd"], True) + 2 * tp_ar, issue(block["fwd"], True))
-    bwd_b = Work(gpu(block["bwd"], True) + 2 * tp_ar, issue(block["bwd"], True))
+    bwd_b = Work(gpu(block["bwd"], True) + 2 * tp_ar, issue(block["bwd"], True) + ac_host)
     fwd_r = Work(gpu(rest["fwd"], False) + tp_ar, issue(rest["fwd"], False))
     bwd_r = Work(gpu(rest["bwd"], False) + tp_ar, issue(rest["bwd"], False))
     unit = model.block_params / model.layers / tp

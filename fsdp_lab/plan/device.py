@@ -84,7 +84,8 @@ class Device:
 
     @property
     def host(self) -> dict:
-        """Host seconds per op dispatched, per TP matmul, per compiled kernel, per step (fsdp_lab/plan/host.py)."""
+        """Host seconds per op dispatched, per TP matmul, per compiled kernel, per checkpointed block, per
+        step (fsdp_lab/plan/host.py)."""
         return self.table["host"]
 
 

@@ -8,8 +8,10 @@ compiled block's kernel (model.compile compiles the loss too, so the compiled ru
 is left at depth 2, less the model's other ops, is the step's own host work (gradient clipping, the
 optimizer's launch, zero_grad, the loss's sync, the probes). A run with two microbatches of one
 sample prices gradient accumulation: what its second microbatch costs beyond one more microbatch's
-ops, per block and for the rest. None of it comes from the configurations the plan is checked
-against."""
+ops, per block and for the rest. A run with activation checkpointing prices what AC adds per block
+beyond the ops the trace counts (the trace records the recomputed forward's ops in backward, so those
+are plain ops already): checkpoint's hooks and saved-tensor bookkeeping. None of it comes from the
+configurations the plan is checked against."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ TINY_MODEL = ("model.dim=256", "model.n_layers={layers}", "model.n_heads=4", "mo
 TIMED = ("train.steps=12", "probes.perf.warmup_steps=4", "probes.parity.enabled=false", "logger=none")
 DEPTHS = (2, 6)
 VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true",),
-            "mb2": ("train.batch_size=2", "train.microbatches=2")}  # two microbatches of the eager run's one sample
+            "mb2": ("train.batch_size=2", "train.microbatches=2"),  # two microbatches of the eager run's one sample
+            "ac": ("ac=full",)}  # every block checkpointed, as the plan's AC candidates run
 
 
 def host_runs(world_size: int) -> list[tuple[str, list[str]]]:
@@ -37,6 +40,7 @@ class Counts:
 
     ops: int  # ops dispatched
     kernels: int  # matmul and attention calls
+    ac_ops: int  # ops dispatched with every block checkpointed (its recomputed forward included)
 
 
 def traced_counts(world_size: int) -> dict[int, Counts]:
@@ -53,7 +57,8 @@ def traced_counts(world_size: int) -> dict[int, Counts]:
             run = to_run_config(compose("config", overrides=[o.format(layers=L) for o in TINY_MODEL]))
         t = trace_step(run, layers=L, batch=1, ac="none")
         kernels = sum(1 for op in t.ops if op.kind != "mem" and op.phase in ("fwd", "bwd"))
-        out[L] = Counts(t.host_ops["fwd"] + t.host_ops["bwd"], kernels)
+        checkpointed = trace_step(run, layers=L, batch=1, ac="full").host_ops
+        out[L] = Counts(t.host_ops["fwd"] + t.host_ops["bwd"], kernels, checkpointed["fwd"] + checkpointed["bwd"])
     return out
 
 
@@ -78,6 +83,9 @@ def fit_host(step_s: dict[str, float], counts: dict[int, Counts]) -> dict:
     if "mb2 2" in step_s:  # the second microbatch beyond its own ops: accumulation, FSDP's extra unshard and sync
         out["microbatch_block_s"] = max(per_block("mb2") - 2 * per_block("eager"), 0.0)
         out["microbatch_rest_s"] = max(step_s[f"mb2 {lo}"] - lo * per_block("mb2") - 2 * rest_ops * op_s - out["step_s"], 0.0)
+    if "ac 2" in step_s:  # a checkpointed block beyond its ops, the recomputed forward's among them
+        ac_ops_block = (counts[hi].ac_ops - counts[lo].ac_ops) / blocks
+        out["ac_block_s"] = max(per_block("ac") - ac_ops_block * op_s, 0.0)
     out["compiled_kernel_s"] = per_block("compiled") / kernels_block
     compiled_fixed = step_s[f"compiled {lo}"] - lo * per_block("compiled") - rest_ops * op_s
     out["compiled_step_s"] = max(compiled_fixed - out["step_s"], 0.0)
