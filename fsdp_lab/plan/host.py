@@ -68,6 +68,7 @@ def fit_host(step_s: dict[str, float], counts: dict[int, Counts]) -> dict:
     blocks = hi - lo
     ops_block = (counts[hi].ops - counts[lo].ops) / blocks
     kernels_block = (counts[hi].kernels - counts[lo].kernels) / blocks
+    ac_ops_block = (counts[hi].ac_ops - counts[lo].ac_ops) / blocks  # the recomputed forward's included
     rest_ops = counts[lo].ops - lo * ops_block
     rest_kernels = counts[lo].kernels - lo * kernels_block
 
@@ -84,11 +85,11 @@ def fit_host(step_s: dict[str, float], counts: dict[int, Counts]) -> dict:
         out["microbatch_block_s"] = max(per_block("mb2") - 2 * per_block("eager"), 0.0)
         out["microbatch_rest_s"] = max(step_s[f"mb2 {lo}"] - lo * per_block("mb2") - 2 * rest_ops * op_s - out["step_s"], 0.0)
     if "ac 2" in step_s:  # a checkpointed block beyond its ops, the recomputed forward's among them
-        ac_ops_block = (counts[hi].ac_ops - counts[lo].ac_ops) / blocks
         out["ac_block_s"] = max(per_block("ac") - ac_ops_block * op_s, 0.0)
     out["compiled_kernel_s"] = per_block("compiled") / kernels_block
     compiled_fixed = step_s[f"compiled {lo}"] - lo * per_block("compiled") - rest_ops * op_s
     out["compiled_step_s"] = max(compiled_fixed - out["step_s"], 0.0)
     out["measured_step_s"] = step_s
-    out["traced"] = {"ops_per_block": ops_block, "kernels_per_block": kernels_block, "rest_ops": rest_ops, "rest_kernels": rest_kernels}
+    out["traced"] = {"ops_per_block": ops_block, "kernels_per_block": kernels_block, "rest_ops": rest_ops, "rest_kernels": rest_kernels,
+                     "ac_ops_per_block": ac_ops_block}
     return out
