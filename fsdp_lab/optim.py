@@ -77,26 +77,24 @@ def grad_sq_sum(model: nn.Module, device: torch.device) -> torch.Tensor:
     also when the gradients are offloaded to the CPU). The local tensors are grouped by the mesh
     dimensions to sum over, device and dtype: one norm kernel per group, not one per parameter."""
     groups: dict[tuple, list[torch.Tensor]] = {}
-    meshes: dict[int, object] = {}
     for g in (p.grad for p in model.parameters() if p.grad is not None):
         mesh, dims = None, ()
         if isinstance(g, DTensor):
             if any(p.is_partial() for p in g.placements):  # summands, not parts: sum them first
                 g = g.redistribute(placements=[Replicate() if p.is_partial() else p for p in g.placements])
             mesh, dims = g.device_mesh, _sharded_dims(g)
-            meshes[id(mesh)] = mesh
             g = g.to_local()
-        groups.setdefault((id(mesh) if mesh is not None else None, dims, g.device, g.dtype), []).append(g.detach())
+        groups.setdefault((mesh, dims, g.device, g.dtype), []).append(g.detach())
     total = torch.zeros((), dtype=torch.float64, device=device)
     sharded: dict[tuple, torch.Tensor] = {}
-    for (mesh_id, dims, _, _), tensors in groups.items():
+    for (mesh, dims, _, _), tensors in groups.items():
         part = _sq_sum(tensors).to(device)
         if dims:
-            sharded[mesh_id, dims] = sharded.get((mesh_id, dims), 0) + part
+            sharded[mesh, dims] = sharded.get((mesh, dims), 0) + part
         else:
             total += part
-    for (mesh_id, dims), part in sharded.items():
-        total += _reduce_over(part, [meshes[mesh_id].get_group(d) for d in dims])
+    for (mesh, dims), part in sharded.items():
+        total += _reduce_over(part, [mesh.get_group(d) for d in dims])
     return total
 
 

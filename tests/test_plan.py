@@ -140,8 +140,19 @@ def test_top_candidates_closed_form_peak_is_near_the_estimate(planned):
 def test_tp_candidates_get_the_estimate_s_peak(planned):
     run, candidates, *_ = planned
     tp = next(c.layout for c in candidates if c.layout.tp == 2 and c.layout.pp == 1)
-    assert _estimable(tp) and not _estimable(dataclasses.replace(tp, pp=2))
+    assert _estimable(run, tp)
     assert _estimated_peak_mib(run, tp) > 0
+
+
+def test_the_estimate_s_own_refusals_decide_which_candidates_it_takes(planned):
+    run, candidates, *_ = planned
+    pp = next(c.layout for c in candidates if c.layout.pp == 2)
+    assert _estimable(run, pp)  # pipelines under the single-stage schedules are estimated
+    interleaved = dataclasses.replace(run, mesh=dataclasses.replace(run.mesh, pp_schedule="interleaved_1f1b"))
+    assert not _estimable(interleaved, pp)
+    offloaded = dataclasses.replace(run, fsdp=dataclasses.replace(run.fsdp, cpu_offload=True))
+    assert not _estimable(offloaded, candidates[0].layout)
+    assert _estimated_peak_mib(run, pp) > 0
 
 
 def test_host_figures_are_recovered_from_the_tiny_runs_step_times():

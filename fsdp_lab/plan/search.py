@@ -12,7 +12,7 @@ from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.plan.cost import Layout
 from fsdp_lab.plan.predict import Predictor
-from fsdp_lab.validate import check_run
+from fsdp_lab.validate import check_estimable, check_run
 
 AC_MODES = ("none", "full")
 
@@ -94,7 +94,7 @@ class Candidate:
 
 def rank(run: RunConfig, predictor: Predictor, samples: int, flops_per_token: float) -> list[Candidate]:
     """Every accepted layout priced; those that fit first, fastest first. The peaks are closed-form;
-    the best plan.estimate_top that the estimate can take (no pipeline) get its figure at their own config."""
+    the best plan.estimate_top that the estimate takes get its figure at their own config."""
     budget = predictor.device.memory_bytes * run.plan.memory_fraction
     tokens = samples * run.train.seq_len
     out = []
@@ -105,7 +105,7 @@ def rank(run: RunConfig, predictor: Predictor, samples: int, flops_per_token: fl
     order = lambda c: (not c.fits, -c.tokens_per_s)  # noqa: E731
     out.sort(key=order)
     for _ in range(run.plan.estimate_top):
-        c = next((c for c in out if c.fits and c.prediction["memory_from"] == "closed form" and _estimable(c.layout)), None)
+        c = next((c for c in out if c.fits and c.prediction["memory_from"] == "closed form" and _estimable(run, c.layout)), None)
         if c is None:
             break
         c.prediction.update(peak_mib=_estimated_peak_mib(run, c.layout), memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])
@@ -114,18 +114,26 @@ def rank(run: RunConfig, predictor: Predictor, samples: int, flops_per_token: fl
     return out
 
 
-def _estimable(layout: Layout) -> bool:
-    """mode=estimate traces FSDP and TP meshes; a pipeline's stages exchange real values, which it cannot."""
-    return layout.pp == 1
+def _estimate_run(run: RunConfig, layout: Layout) -> RunConfig:
+    """The layout's own run as mode=estimate takes it (compiled blocks hold what eager ones do)."""
+    traced = run_for(run, layout)
+    return dataclasses.replace(traced, mode="estimate", model=dataclasses.replace(traced.model, compile=False))
+
+
+def _estimable(run: RunConfig, layout: Layout) -> bool:
+    """Whether mode=estimate takes the layout's run: its own refusals decide."""
+    try:
+        check_estimable(_estimate_run(run, layout))
+    except ConfigError:
+        return False
+    return True
 
 
 def _estimated_peak_mib(run: RunConfig, layout: Layout) -> float:
-    """mode=estimate's peak for the layout's own run (compiled blocks hold what eager ones do)."""
+    """mode=estimate's peak for the layout's own run (with pipeline stages, the largest pp rank's)."""
     from fsdp_lab.estimate import estimate
     from fsdp_lab.plan.trace import quiet
 
-    traced = run_for(run, layout)
-    traced = dataclasses.replace(traced, mode="estimate", model=dataclasses.replace(traced.model, compile=False))
-    dims = ParallelDims.resolve(pp=1, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=layout.tp, world_size=layout.world)
+    dims = ParallelDims.resolve(pp=layout.pp, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=layout.tp, world_size=layout.world)
     with quiet():
-        return estimate(traced, dims)["peak_mib"]
+        return estimate(_estimate_run(run, layout), dims)["peak_mib"]
