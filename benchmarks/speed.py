@@ -2,19 +2,22 @@
 shape and precision, in one invocation per mode:
 
     python benchmarks/speed.py [--compile] [--shape 1b|8b] [--runs 3] [--peers lab,torchtitan,hand-written]
-                               [--peer-path DIR] [--json PATH] [extra lab overrides]
+                               [--peer-path DIR] [--json PATH] [--profile DIR] [extra lab overrides]
 
 Each run is a fresh process; the runs of the peers alternate (lab, torchtitan, hand-written, lab, ...)
 so that drift of the machine hits all alike, and the table shows medians. The lab runs
 `+experiment=bench_llama1b` (shape 8b: Llama-3-8B's sizes with full multi-head attention, batch 1,
 seq 4096) with the per-phase memory probe on for its peak (it costs no measurable time). torchtitan
-(benchmarks/torchtitan_yardstick.py) runs with DIR (where its wheels were installed) on its path."""
+(benchmarks/torchtitan_yardstick.py) runs with DIR (where its wheels were installed) on its path.
+--profile DIR: each peer's first run profiles its last 2 warm-up steps (the lab through probes.profile)
+into DIR/<peer>/: ops.md, the ops ranked by GPU time per step, and every rank's trace."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,19 +34,26 @@ SHAPES = {
     "8b": {"dim": 4096, "n_layers": 32, "n_heads": 32, "ffn_dim": 14336, "vocab_size": 128256,
            "seq_len": 4096, "batch_size": 1, "steps": 12, "warmup": 4},
     "tiny": {"dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 192, "vocab_size": 256,  # tries the script on CPU
-             "seq_len": 32, "batch_size": 2, "steps": 4, "warmup": 1},
+             "seq_len": 32, "batch_size": 2, "steps": 5, "warmup": 2},
 }
 LAB_KEY = {"seq_len": "train.seq_len", "batch_size": "train.batch_size", "steps": "train.steps",
            "warmup": "probes.perf.warmup_steps"}
+WARMUP = 5
+"""bench_llama1b's and the yardsticks' warm-up steps, unless a shape sets its own."""
 PEERS = ("lab", "torchtitan", "hand-written")
 SCRIPT = {"torchtitan": "benchmarks/torchtitan_yardstick.py", "hand-written": "benchmarks/fsdp2_yardstick.py"}
 
 
-def lab(overrides: list[str]) -> dict:
-    """tokens/s, MFU and peak memory of `python -m fsdp_lab +experiment=bench_llama1b OVERRIDES`."""
+def lab(overrides: list[str], profile_dir: Path | None = None, warmup: int = WARMUP) -> dict:
+    """tokens/s, MFU and peak memory of `python -m fsdp_lab +experiment=bench_llama1b OVERRIDES`;
+    with `profile_dir`, its profile/ of the last 2 warm-up steps (as the peers') copied there."""
+    if profile_dir:
+        overrides = [*overrides, "probes.profile.enabled=true", f"probes.profile.first_step={warmup - 1}", "probes.profile.steps=2"]
     result = run_lab("+experiment=bench_llama1b", "probes.memory.enabled=true", *overrides, timeout=1800)
     if result.returncode != 0:
         sys.exit(f"lab run failed ({' '.join(overrides)}):\n{result.stderr[-3000:]}")
+    if profile_dir:
+        shutil.copytree(result.run_dir / "profile", profile_dir, dirs_exist_ok=True)
     s = result.summary
     return {"tokens_per_s": s["perf"]["tokens_per_s"], "mfu": s["perf"]["mfu"], "peak_mib": s["memory"]["peak_mib"]}
 
@@ -70,6 +80,7 @@ def main() -> None:
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}")
     p.add_argument("--peer-path", help="directory holding torchtitan and its dependencies")
     p.add_argument("--json", type=Path, help="also write every run's figures here")
+    p.add_argument("--profile", type=Path, help="profile each peer's first run into DIR/<peer>/")
     a, extra = p.parse_known_args()
     peers = [name for name in PEERS if name in a.peers.split(",")]
     shape = SHAPES[a.shape]
@@ -81,9 +92,13 @@ def main() -> None:
         args.append("--compile")
 
     runs: dict[str, list[dict]] = {name: [] for name in peers}
-    for _ in range(a.runs):
+    for run in range(a.runs):
         for name in peers:
-            figures = lab(lab_overrides) if name == "lab" else peer(name, gpus, args, a.peer_path)
+            profile_dir = a.profile / name if a.profile and run == 0 else None
+            if name == "lab":
+                figures = lab(lab_overrides, profile_dir, shape.get("warmup", WARMUP))
+            else:
+                figures = peer(name, gpus, args + ([f"--profile={profile_dir}"] if profile_dir else []), a.peer_path)
             runs[name].append(figures)
             print(f"{name:13} {figures['tokens_per_s']:10.0f} tokens/s  {figures['peak_mib']:9.0f} MiB", flush=True)
     medians = {name: {key: statistics.median(r[key] for r in rs) for key in ("tokens_per_s", "peak_mib")}

@@ -10,9 +10,12 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from fsdp_lab.probes.profile import ProfileWindow, write_ops_table
 
 MAX_NORM = 1.0
 """Every step clips the gradient to this norm, as torchtitan's trainer does (training.max_norm=1.0,
@@ -29,9 +32,13 @@ def parse_args(description: str, **choices: tuple[str, ...]) -> argparse.Namespa
     for name, default in SHAPE:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--profile", type=Path, help="profile the last 2 warm-up steps into this directory (ops.md, traces)")
     for name, allowed in choices.items():
         p.add_argument(f"--{name}", choices=allowed, default=allowed[0])
-    return p.parse_args()
+    a = p.parse_args()
+    if a.profile and a.warmup < 2:
+        p.error(f"--profile profiles the last 2 warm-up steps: --warmup={a.warmup} must be >= 2")
+    return a
 
 
 def init_process_group() -> torch.device:
@@ -56,10 +63,14 @@ def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.d
                around_backward=contextlib.nullcontext) -> None:
     """Random tokens, `a.steps` steps (each clipped to MAX_NORM), the median of those after
     `a.warmup`; rank 0 prints step_time_s, tokens_per_s (per GPU: a tp group shares one batch), peak_mib and params.
-    `around_backward`: the context the loss and its backward run in."""
+    `around_backward`: the context the loss and its backward run in. With `a.profile`, the last 2
+    warm-up steps run under torch.profiler (as the lab's probes.profile does), outside the timed ones."""
     tokens = torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len + 1), device=device)
+    window = ProfileWindow(device, steps=2) if a.profile else None
     times = []
     for step in range(a.steps):
+        if window and step == a.warmup - 2:
+            window.begin()
         synchronize(device)
         t0 = time.perf_counter()
         logits = model(tokens[:, :-1])
@@ -72,6 +83,10 @@ def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.d
         synchronize(device)
         if step >= a.warmup:
             times.append(time.perf_counter() - t0)
+        if window and step == a.warmup - 1:
+            window.end(a.profile, dist.get_rank())
+            if dist.get_rank() == 0:
+                write_ops_table(a.profile / "ops.md", window.ops, f"Rank 0, steps {step}-{step + 1}, self time on {device.type}")
     step_time = statistics.median(times)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
     if dist.get_rank() == 0:

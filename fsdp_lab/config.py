@@ -340,11 +340,25 @@ class CommProbeConfig:
 
 
 @dataclass
+class ProfileProbeConfig:
+    enabled: bool = False
+    """Record a window of steps with torch.profiler: every rank's trace (profile/trace_rank<R>.json, for
+    Perfetto or chrome://tracing), rank 0's ops by self time (profile/ops.md) and the summary's profile
+    section. The window holds each step's whole turn, the other probes' work after the step too, and
+    its steps carry the profiler's overhead."""
+    first_step: int = bounded(3, ge=1)
+    """The window's first step (1-based; past the first steps, which allocate and compile)."""
+    steps: int = bounded(2, ge=1)
+    """Steps in the window."""
+
+
+@dataclass
 class ProbesConfig:
     parity: ParityProbeConfig = field(default_factory=ParityProbeConfig)
     memory: MemoryProbeConfig = field(default_factory=MemoryProbeConfig)
     perf: PerfProbeConfig = field(default_factory=PerfProbeConfig)
     comm: CommProbeConfig = field(default_factory=CommProbeConfig)
+    profile: ProfileProbeConfig = field(default_factory=ProfileProbeConfig)
 
 
 @dataclass

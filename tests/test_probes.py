@@ -5,6 +5,7 @@ tests/test_bad_input.py, and the multi-rank behaviour in tests/test_clip_schedul
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -32,12 +33,12 @@ def tiny(prepared):
 
 @pytest.fixture
 def train(tiny, world_of_one):
-    """`train(*overrides) -> (trainer, rows, summary)`: the tiny run trained in this process."""
+    """`train(*overrides, run_dir=None) -> (trainer, rows, summary)`: the tiny run trained in this process."""
 
-    def run_it(*overrides: str):
+    def run_it(*overrides: str, run_dir: Path | None = None):
         run, dims = tiny(*overrides)
         rows: list[dict] = []
-        trainer = build_trainer(run, dims, world_of_one, on_step=rows.append)
+        trainer = build_trainer(run, dims, world_of_one, on_step=rows.append, run_dir=run_dir)
         trainer.run()
         summary = finished(
             base_summary(run, dims, "cpu"), steps=run.train.steps, final_loss=trainer.last_loss, probes=trainer.probes, checkpoint=None,
@@ -90,7 +91,8 @@ def test_the_comm_probe_counts_each_units_collectives_per_step(prepared, fake_gr
 
 
 def test_summary_holds_only_the_keys_of_its_schema(train):
-    _, rows, summary = train("probes.memory.tracker=module", "probes.memory.tracker_step=2", "probes.parity.localize=true")
+    _, rows, summary = train("probes.memory.tracker=module", "probes.memory.tracker_step=2", "probes.parity.localize=true",
+                             "probes.profile.enabled=true", "probes.profile.steps=1")
     assert keys_of(summary) <= set(SCHEMA), keys_of(summary) - set(SCHEMA)
     public = {"status", "error", "steps", "world_size", "device", "mesh", "final_loss", "parity.enabled", "parity.ok",
               "parity.reference", "parity.max_loss_abs_diff", "parity.max_param_abs_diff", "memory.peak_mib",
@@ -109,6 +111,28 @@ def test_every_row_key_and_summary_section_is_declared_by_the_trainer_or_a_probe
     assert undeclared == {"step", "loss", "grad/norm", "lr"}, "only the trainer's own keys are left"
     sections = {k for p in trainer.probes for k in p.summary_keys}
     assert sections == {"parity", "memory", "perf"} and sections <= set(summary)
+
+
+def test_the_profiler_records_exactly_its_window_of_steps(train, tmp_path):
+    """Steps 2-3 of 3 under torch.profiler: the trace holds their spans and no other step's, the op
+    table and summary give per-step figures (the same matmuls per step whether 1 or 2 are profiled)."""
+    _, _, summary = train("probes.profile.enabled=true", "probes.profile.first_step=2", "probes.profile.steps=2", run_dir=tmp_path)
+    events = json.loads((tmp_path / "profile" / "trace_rank0.json").read_text())["traceEvents"]
+    assert sorted({e["name"] for e in events if e.get("name", "").startswith("step ")}) == ["step 2", "step 3"]
+    profile = summary["profile"]
+    assert (profile["first_step"], profile["steps"], profile["device"]) == (2, 2, "cpu")
+    mm = {op["name"]: op for op in profile["top_ops"]}["aten::mm"]
+    assert mm["calls_per_step"] > 0 and 0 < mm["self_ms_per_step"] <= mm["total_ms_per_step"]
+    assert profile["self_ms_per_step"] >= sum(op["self_ms_per_step"] for op in profile["top_ops"])
+    assert "| `aten::mm` |" in (tmp_path / "profile" / "ops.md").read_text()
+
+    _, _, one_step = train("probes.profile.enabled=true", "probes.profile.first_step=3", "probes.profile.steps=1")
+    assert {op["name"]: op for op in one_step["profile"]["top_ops"]}["aten::mm"]["calls_per_step"] == mm["calls_per_step"]
+
+
+def test_a_profiler_window_past_the_last_step_is_refused(tiny):
+    with pytest.raises(ConfigError, match=r"probes.profile.first_step=3: the window of probes.profile.steps=2 ends at step 4, past train.steps=3"):
+        tiny("probes.profile.enabled=true", "probes.profile.steps=2")
 
 
 def test_every_step_logs_the_learning_rate_and_the_gradient_norm(train):

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from fsdp_lab.probes import registry
+
 TESTS = Path(__file__).resolve().parent
 ENV_KEY = "FSDP_LAB_MUTATION"
 
@@ -57,22 +59,17 @@ def _no_compile() -> None:
 
 
 def _probe_class(name: str):
-    from fsdp_lab.probes import registry
-
     return next(cls for cls in registry.PROBES if cls.__name__ == name)
 
 
 def _removed(name: str):
     def apply() -> None:
-        from fsdp_lab.probes import registry
-
         registry.PROBES = tuple(cls for cls in registry.PROBES if cls.__name__ != name)
     return apply
 
 
 def _hollowed(name: str):
     def apply() -> None:
-        from fsdp_lab.probes import registry
         from fsdp_lab.probes.base import Probe
 
         cls = _probe_class(name)
@@ -82,7 +79,7 @@ def _hollowed(name: str):
     return apply
 
 
-PROBE_NAMES = ("ParityProbe", "PhaseMemoryProbe", "ModuleBreakdownProbe", "CommProbe", "ThroughputProbe", "FrozenProbe")
+PROBE_NAMES = tuple(cls.__name__ for cls in registry.PROBES)
 
 # name -> (apply, the fast-tier modules that cover it)
 MUTATIONS = {

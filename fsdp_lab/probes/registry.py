@@ -11,6 +11,8 @@ fsdp_lab.probes.base.Probe subclass + one line here.
     comm        comm/<op>_count
     perf        perf/step_time_s, perf/tokens_per_s, perf/mfu, perf/iteration_time_s; summary perf{...}
     frozen      summary frozen{params, compared_numel, max_abs_change}
+    profile     summary profile{first_step, steps, device, self_ms_per_step, top_ops}; profile/trace_rank<R>.json,
+                profile/ops.md (last: its window holds the other probes' work around and after each step)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fsdp_lab.probes.frozen_probe import FrozenProbe
 from fsdp_lab.probes.memory_probe import PhaseMemoryProbe
 from fsdp_lab.probes.parity_probe import ParityProbe
 from fsdp_lab.probes.perf_probe import ThroughputProbe
+from fsdp_lab.probes.profile_probe import ProfileProbe
 
 PROBES: tuple[type[Probe], ...] = (
     ParityProbe,
@@ -33,6 +36,7 @@ PROBES: tuple[type[Probe], ...] = (
     CommProbe,
     ThroughputProbe,
     FrozenProbe,
+    ProfileProbe,
 )
 
 
