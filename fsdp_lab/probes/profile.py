@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 TOP_OPS = 25
@@ -40,10 +41,14 @@ class ProfileWindow:
 
 def op_rows(averages, steps: int, device_type: str) -> list[dict]:
     """Every op's self time per step on the device (host on CPU), its total and its calls per step,
-    largest first; ops that took no time of their own are left out."""
+    largest first; ops that took no time of their own are left out. On a GPU an op's self time is
+    that of the kernels it launched itself, so the kernels are not listed again, nor are the spans
+    of record_function (the steps, FSDP's hooks): each kernel counts once, under its op."""
     on_device = device_type != "cpu"
     rows = []
     for avg in averages:
+        if avg.device_type != DeviceType.CPU or getattr(avg, "is_user_annotation", False):
+            continue
         self_us = avg.self_device_time_total if on_device else avg.self_cpu_time_total
         if self_us <= 0:
             continue
