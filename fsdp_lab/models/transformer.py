@@ -24,20 +24,24 @@ class RotaryTables:
     shape (seq, 1, head_dim) broadcast instead, and the rotary's forward and backward took 0.378 ms
     per call against 0.268 ms at the speed benchmark's shape (benchmarks/rotary_forms.py, one H200).
     Under tensor parallelism a rank rotates a slice of the heads: `apply_rotary` takes that many of
-    the table's (every head has the same values)."""
+    the table's (every head has the same values).
 
-    def __init__(self, head_dim: int, n_heads: int, base: float = 10000.0):
-        self.head_dim, self.n_heads, self.base = head_dim, n_heads, base
+    `broadcast`: keep them (1, seq, 1, head_dim) instead, for compiled blocks: inductor fuses the
+    rotation into its neighbours' kernels, where broadcast tables cost nothing, and the full ones
+    would only cost memory (67 MiB at that shape) and reads."""
+
+    def __init__(self, head_dim: int, n_heads: int, base: float = 10000.0, broadcast: bool = False):
+        self.head_dim, self.n_heads, self.base, self.broadcast = head_dim, n_heads, base, broadcast
         self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, batch: int, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (batch, seq_len, device, dtype)
+        shape = (1, seq_len, 1, self.head_dim) if self.broadcast else (batch, seq_len, self.n_heads, self.head_dim)
+        key = (shape, device, dtype)
         if key not in self._tables:
             inv_freq = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32) / self.head_dim))
             angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
             cos = angles.cos().repeat_interleave(2, dim=-1)
             sin = torch.stack((-angles.sin(), angles.sin()), dim=-1).flatten(-2)
-            shape = (batch, seq_len, self.n_heads, self.head_dim)
             self._tables[key] = tuple(t[:, None].to(dtype).expand(shape).contiguous() for t in (cos, sin))
         return self._tables[key]
 
@@ -49,7 +53,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     parallel rank's slice): x's count is taken."""
     if cos.dtype != x.dtype:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    if cos.shape[2] != x.shape[2]:
+    if cos.shape[2] > x.shape[2]:
         cos, sin = cos[:, :, : x.shape[2]], sin[:, :, : x.shape[2]]
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x2, x1) in each pair
     return x * cos + swapped * sin
@@ -102,7 +106,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.dim // cfg.n_heads
-        self.rotary = RotaryTables(self.head_dim, cfg.n_heads)
+        self.rotary = RotaryTables(self.head_dim, cfg.n_heads, broadcast=cfg.compile)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(
             TransformerBlock(cfg.dim, cfg.n_heads, cfg.ffn_dim, cfg.norm_eps) for _ in range(cfg.n_layers)
