@@ -1,15 +1,18 @@
 """Measure the device table `mode=plan` costs a step with: matmul and attention throughput by shape,
-memory bandwidth by size, NCCL all-gather, reduce-scatter and all-reduce time by message size over the
-GPUs of this node, and the host's time to issue a step (fsdp_lab/plan/host.py: a tiny model's steps
-through the lab's own trainer, per op dispatched, per TP matmul, per compiled kernel, per accumulated
-microbatch, per checkpointed block).
+memory bandwidth by size (each timed in bursts of back-to-back calls: steady throughput), what
+torch.compile leaves of a block's elementwise time (fsdp_lab/plan/compiled.py), NCCL all-gather,
+reduce-scatter and all-reduce time by message size over the GPUs of this node, and the host's time to
+issue a step (fsdp_lab/plan/host.py: a tiny model's steps through the lab's own trainer, per op
+dispatched, per TP matmul, per compiled kernel, per accumulated microbatch, per checkpointed block,
+eager and compiled).
 
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --out fsdp_lab/plan/devices/h200.json
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --host-only --out fsdp_lab/plan/devices/h200.json
 
 Rank 0 writes the table; every rank takes part in the collectives. `--host-only` measures the host
 section alone into an existing table. `--quick` (and a CPU machine) runs tiny shapes, to check the
-script itself."""
+script itself. Sections a run does not measure (the collectives on one GPU, the hand-written `spec`)
+are kept from the existing --out table."""
 
 from __future__ import annotations
 
@@ -24,30 +27,42 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from fsdp_lab.plan.compiled import elementwise_share
+
 MATMULS = [  # (M, N, K): tokens x out x in, the shapes of a Llama block's projections and their gradients
     (m, n, k) for m in (2048, 8192, 32768) for n, k in ((2048, 2048), (5632, 2048), (2048, 5632), (32000, 2048), (1024, 2048), (2816, 2048), (4096, 4096))
 ] + [(512, 2048, 2048), (2048, 2048, 8192), (2048, 2048, 32768)]
 ATTENTION = [(b, h, s, d) for b, s in ((1, 1024), (4, 1024), (1, 2048), (4, 2048), (2, 4096)) for h, d in ((16, 128), (8, 128), (32, 64))]
 BANDWIDTH_MIB = (1, 8, 64, 512)
 COLLECTIVE_MIB = (1, 8, 64, 256)
+BURST = 20  # calls per timed burst
+SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU clock ahead of a burst: longer than the host takes to queue it
+# Blocks whose elementwise work is timed eager and compiled (fsdp_lab/plan/compiled.py): a Llama block
+# at two widths, bf16, 4 x 2048 tokens.
+COMPILED_BLOCKS = [{"dim": d, "n_heads": h, "ffn_dim": f, "batch": 4, "seq": 2048} for d, h, f in ((1024, 8, 2816), (2048, 16, 5632))]
 
 
 def timed(fn, iters: int, device: torch.device) -> float:
-    """Median seconds of one call of fn (GPU time through events; wall time on CPU)."""
+    """Median seconds of one call of fn over `iters` bursts of BURST back-to-back calls: the steady
+    throughput a training step sees, not one launch from an idle GPU. On a GPU each burst is queued
+    behind a sleep kernel, so the events around it time the GPU's work alone, not the host's launches."""
     fn()
     times = []
     for _ in range(iters):
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(SLEEP_CYCLES)
             start.record()
-            fn()
+            for _ in range(BURST):
+                fn()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
+            times.append(start.elapsed_time(end) / 1e3 / BURST)
         else:
             t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
+            for _ in range(BURST):
+                fn()
+            times.append((time.perf_counter() - t) / BURST)
     return sorted(times)[len(times) // 2]
 
 
@@ -127,27 +142,44 @@ def main() -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.host_only:
-        table = json.loads(Path(args.out).read_text())
-    else:
-        table = {"name": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__, "measured": True}
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    out = Path(args.out)
+    table = json.loads(out.read_text()) if out.exists() else {"name": name}  # what is not measured here is kept
+    if not args.host_only:
+        table.update(torch=torch.__version__, measured=True)
         measure_kernels(table, device, rank, world, quick=args.quick or not cuda)
+        table["source"] = (f"measured on {name} x{world} (torch {torch.__version__}) by benchmarks/calibrate_device.py, kernels timed "
+                           f"in bursts of {BURST} calls" + ("" if world > 1 else "; collectives kept from the table's earlier "
+                                                            "calibration (one GPU cannot measure them)"))
     step_s = host_step_times(world)
     if rank == 0:
         print(json.dumps({"host_step_s": step_s}), flush=True)
+        if not args.host_only:  # after the host's runs: they are timed without the profiler ever started
+            table["compiled"] = compiled_share(device, quick=args.quick or not cuda)
     dist.destroy_process_group()  # the plan's trace below runs on a fake process group of its own
     if rank == 0:
         from fsdp_lab.plan.host import fit_host, traced_counts
 
-        table["host"] = {**fit_host(step_s, traced_counts(world)),
-                         "measured_on": f"{torch.cuda.get_device_name(device) if cuda else 'cpu'} x{world}, torch {torch.__version__}"}
-        Path(args.out).write_text(json.dumps(table, indent=1))
+        table["host"] = {**fit_host(step_s, traced_counts(world)), "measured_on": f"{name} x{world}, torch {torch.__version__}"}
+        out.write_text(json.dumps(table, indent=1))
         print(json.dumps({k: table[k] for k in ("name", "host") if k in table}), flush=True)
+
+
+def compiled_share(device, quick: bool) -> dict:
+    """What torch.compile leaves of a block's elementwise time, on rank 0's GPU."""
+    blocks = [{"dim": 64, "n_heads": 2, "ffn_dim": 128, "batch": 1, "seq": 32}] if quick else COMPILED_BLOCKS
+    try:
+        section = elementwise_share(blocks, device, torch.bfloat16 if device.type == "cuda" else torch.float32, calls=3 if quick else 10)
+    except Exception as e:  # noqa: BLE001 - without a profiler the rest of the table still counts (the cost model assumes a share)
+        print(f"compiled elementwise share not measured: {type(e).__name__}: {e}", flush=True)
+        return {"error": f"{type(e).__name__}: {e}"}
+    print(json.dumps({"compiled": section}), flush=True)
+    return section
 
 
 def measure_kernels(table: dict, device, rank: int, world: int, quick: bool) -> None:
     """Matmul, attention and bandwidth on rank 0's GPU; the collectives over every rank."""
-    iters = 3 if quick else 10
+    iters = 3 if quick else 5  # bursts: each times BURST calls
     mm_shapes = [(64, 32, 48), (128, 64, 64)] if quick else MATMULS
     attn_shapes = [(1, 2, 32, 16)] if quick else ATTENTION
     bw_sizes = (1,) if quick else BANDWIDTH_MIB

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from compose import compose_run
-from fsdp_lab.plan.cost import Layout, group_link, price, step_time
+from fsdp_lab.plan.cost import COMPILED_ELEMENTWISE, Layout, group_link, price, step_time
 from fsdp_lab.plan.device import Device, load_device
-from fsdp_lab.plan.host import Counts, fit_host
+from fsdp_lab.plan.host import DEPTHS, Counts, fit_host, host_runs
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.run import PLAN_FILE, plan, run_plan
 from fsdp_lab.plan.search import _estimable, _estimated_peak_mib, layouts, meshes, rank
@@ -157,27 +157,33 @@ def test_the_estimate_s_own_refusals_decide_which_candidates_it_takes(planned):
 
 def test_host_figures_are_recovered_from_the_tiny_runs_step_times():
     """fit_host inverts the host model: step times made from known per-op, per-TP-matmul,
-    per-compiled-kernel, per-accumulated-microbatch and per-checkpointed-block costs give those costs
-    back (the AC runs' recomputed ops are in their own counts, so not in the per-block figure)."""
-    counts = {2: Counts(ops=1700, kernels=49, ac_ops=2072), 6: Counts(ops=4636, kernels=141, ac_ops=5752)}
+    per-compiled-kernel, per-accumulated-microbatch and per-checkpointed-block (eager and compiled)
+    costs give those costs back (the AC runs' recomputed ops and kernels are in their own counts, so
+    not in the per-block figures)."""
+    lo, hi = DEPTHS
+    counts = {L: Counts(ops=232 + L * 734, kernels=3 + L * 23, ac_ops=248 + L * 912, ac_kernels=3 + L * 30) for L in DEPTHS}
     op_s, step_s, tp_kernel_s, tp_step_s, compiled_kernel_s = 8e-6, 1e-3, 5e-5, 2e-3, 2e-4
-    rest_ops, rest_kernels = 1700 - 2 * 734, 49 - 2 * 23
+    microbatch_block_s, microbatch_rest_s, ac_block_s, ac_compiled_block_s = 3e-4, 7e-4, 4e-4, 6e-4
+    rest_ops = 232
 
     def eager(L): return counts[L].ops * op_s + step_s
     def tp(L): return eager(L) + counts[L].kernels * tp_kernel_s + tp_step_s
     def compiled(L): return L * 23 * compiled_kernel_s + rest_ops * op_s + step_s
     def mb2(L): return 2 * counts[L].ops * op_s + step_s + L * microbatch_block_s + microbatch_rest_s
     def ac(L): return counts[L].ac_ops * op_s + step_s + L * ac_block_s
+    def ac_compiled(L): return L * (30 * compiled_kernel_s + ac_compiled_block_s) + rest_ops * op_s + step_s
 
-    microbatch_block_s, microbatch_rest_s, ac_block_s = 3e-4, 7e-4, 4e-4
-    runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2), ("ac", ac))
-    fitted = fit_host({f"{name} {L}": f(L) for name, f in runs for L in (2, 6)}, counts)
+    runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2), ("ac", ac), ("ac compiled", ac_compiled))
+    step_times = {f"{name} {L}": f(L) for name, f in runs for L in DEPTHS}
+    assert {name for name, _ in host_runs(2)} == set(step_times)  # every run the calibration times is read
+    fitted = fit_host(step_times, counts)
     assert fitted["op_s"] == pytest.approx(op_s) and fitted["step_s"] == pytest.approx(step_s)
     assert fitted["tp_kernel_s"] == pytest.approx(tp_kernel_s) and fitted["tp_step_s"] == pytest.approx(tp_step_s)
     assert fitted["compiled_kernel_s"] == pytest.approx(compiled_kernel_s) and fitted["compiled_step_s"] == pytest.approx(0, abs=1e-12)
     assert fitted["microbatch_block_s"] == pytest.approx(microbatch_block_s) and fitted["microbatch_rest_s"] == pytest.approx(microbatch_rest_s)
     assert fitted["ac_block_s"] == pytest.approx(ac_block_s)
-    assert rest_kernels == 3
+    assert fitted["ac_compiled_block_s"] == pytest.approx(ac_compiled_block_s)
+    assert fitted["traced"]["rest_kernels"] == 3 and hi - lo >= 4  # per-block figures over several blocks: noise divided
 
 
 def test_blocks_and_the_rest_add_up_to_the_whole_model_priced_op_by_op(planned):
@@ -207,18 +213,63 @@ def test_each_microbatch_after_the_first_adds_the_calibrated_accumulation_host_w
 
 
 def test_an_ac_candidates_host_time_grows_by_the_calibrated_checkpoint_figure(planned):
-    """Each checkpointed block's backward adds the table's ac_block_s to the host's work, once per
-    microbatch; a layout without AC is unchanged, and a table without the figure counts it as 0."""
+    """Each checkpointed block's backward adds the table's ac_block_s (compiled: ac_compiled_block_s)
+    to the host's work, once per microbatch; a layout without AC is unchanged, and a table without
+    the figures counts them as 0."""
     _, candidates, _, _, predictor = planned
     layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=2)
     layout = dataclasses.replace(layout, dp_shard=64 // (layout.dp_replicate * layout.tp))
     device = predictor.device
-    without = Device(device.name, {**device.table, "host": {k: v for k, v in device.host.items() if k != "ac_block_s"}})
-    checkpointing = Device(device.name, {**device.table, "host": {**without.host, "ac_block_s": 1e-3}})
-    for ac, expected in (("full", 2 * predictor.model("full").layers * 1e-3), ("none", 0.0)):
-        lay, model = dataclasses.replace(layout, ac=ac), predictor.model(ac)
+    without = Device(device.name, {**device.table, "host": {k: v for k, v in device.host.items() if not k.startswith("ac_")}})
+    checkpointing = Device(device.name, {**device.table, "host": {**without.host, "ac_block_s": 1e-3, "ac_compiled_block_s": 3e-3}})
+    blocks = 2 * predictor.model("full").layers
+    for ac, compiled, expected in (("full", False, blocks * 1e-3), ("full", True, blocks * 3e-3), ("none", True, 0.0)):
+        lay, model = dataclasses.replace(layout, ac=ac, compile=compiled), predictor.model(ac)
         added = step_time(model, lay, checkpointing, 8)["host_s"] - step_time(model, lay, without, 8)["host_s"]
         assert added == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_compiled_block_keeps_the_device_table_s_measured_elementwise_share(planned):
+    """A compiled layout's GPU time is its eager one less the fused share of the blocks' elementwise
+    time, the share read from the device table (measured by calibrate_device.py); a table without
+    it falls back to the assumed COMPILED_ELEMENTWISE."""
+    _, candidates, _, _, predictor = planned
+    # One GPU and a host that costs nothing: the GPU's own work, no collective or host wait hiding it.
+    layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=1, tp=1, dp_replicate=1, dp_shard=1)
+    model, device = predictor.model(layout.ac), predictor.device
+    block, _ = model.parts(layout.microbatch_size, 1, device)
+    elementwise = model.layers * (block["fwd"].mem + block["bwd"].mem)
+
+    def gpu(table_share, compiled=True):
+        table = {k: v for k, v in device.table.items() if k != "compiled"}
+        table["host"] = {k: 0.0 for k in ("op_s", "step_s", "compiled_kernel_s", "compiled_step_s")}
+        if table_share is not None:
+            table["compiled"] = {"elementwise_share": table_share}
+        return step_time(model, dataclasses.replace(layout, compile=compiled), Device(device.name, table), 8)["gpu_s"]
+
+    eager = gpu(None, compiled=False)
+    for share in (0.2, 0.7):
+        assert eager - gpu(share) == pytest.approx((1 - share) * elementwise, rel=1e-6)
+    assert gpu(None) == pytest.approx(gpu(COMPILED_ELEMENTWISE), rel=1e-12)
+    assert load_device("h200").compiled_elementwise_share is not None  # the shipped H200 table measured it
+
+
+def test_the_profiler_split_counts_matmuls_apart_from_elementwise_work():
+    """calibrate_device's compiled share rests on this split: a matmul's time is heavy, an add's is
+    elementwise, a block has both."""
+    import torch
+
+    from fsdp_lab.plan.compiled import block_pass, device_seconds
+    from fsdp_lab.models.transformer import TransformerBlock
+
+    cpu = torch.device("cpu")
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    mm, add = device_seconds(lambda: a @ b, 5, cpu), device_seconds(lambda: a + b, 5, cpu)
+    assert mm["heavy_s"] > 0 and mm["elementwise_s"] < mm["heavy_s"]
+    assert add["heavy_s"] == 0 and add["elementwise_s"] > 0
+    x = torch.randn(1, 32, 64, requires_grad=True)
+    split = device_seconds(block_pass(TransformerBlock(64, 2, 128, 1e-5), x, torch.randn_like(x)), 3, cpu)
+    assert split["heavy_s"] > 0 and split["elementwise_s"] > 0
 
 
 def test_a_slow_host_makes_the_step_host_bound(planned):

@@ -22,7 +22,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 # Without sequence parallelism TP leaves the residual stream and the norms replicated: about this
 # share of a block's elementwise traffic (the rest, attention and MLP internals, is split tp ways).
 TP_REPLICATED_ELEMENTWISE = 0.4
-# torch.compile fuses a block's elementwise chains: about this share of their traffic remains.
+# torch.compile fuses a block's elementwise chains: the share of their time that remains is measured
+# per device (Device.compiled_elementwise_share); this assumed share stands in for tables without it.
 COMPILED_ELEMENTWISE = 0.5
 ADAM_BYTES_PER_PARAM = 28  # fused AdamW: reads param, grad, exp_avg, exp_avg_sq; writes three (fp32)
 
@@ -183,11 +184,14 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     rep_size, rep_inter = group_link(layout, "dp_replicate", gpus_per_node)
     pp_size, pp_inter = group_link(layout, "pp", gpus_per_node)
 
+    measured_share = device.compiled_elementwise_share
+    compiled_share = COMPILED_ELEMENTWISE if measured_share is None else measured_share
+
     def gpu(p: Parts, in_block: bool) -> float:
         factor = 1.0
         if in_block:
             factor = TP_REPLICATED_ELEMENTWISE + (1 - TP_REPLICATED_ELEMENTWISE) / tp
-            factor *= COMPILED_ELEMENTWISE if layout.compile else 1.0
+            factor *= compiled_share if layout.compile else 1.0
         return p.mm + p.attn + p.mem * factor
 
     host = device.host
@@ -201,8 +205,10 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
         return p.host_ops * host["op_s"] + p.kernels * tp_host
 
     # A checkpointed block's backward: its recomputed ops are in the trace; checkpoint's own host work
-    # is the table's per-block figure (absent: not calibrated; compiled blocks get the eager one).
-    ac_host = host.get("ac_block_s", 0.0) if layout.ac == "full" else 0.0
+    # is the table's per-block figure, eager or compiled (absent: not calibrated, 0; a table with the
+    # eager figure alone gives it to compiled blocks too).
+    ac_key = "ac_compiled_block_s" if layout.compile and "ac_compiled_block_s" in host else "ac_block_s"
+    ac_host = host.get(ac_key, 0.0) if layout.ac == "full" else 0.0
     fwd_b = Work(gpu(block["fwd"], True) + 2 * tp_ar, issue(block["fwd"], True))
     bwd_b = Work(gpu(block["bwd"], True) + 2 * tp_ar, issue(block["bwd"], True) + ac_host)
     fwd_r = Work(gpu(rest["fwd"], False) + tp_ar, issue(rest["fwd"], False))

@@ -83,9 +83,15 @@ class Device:
         return latency * math.log2(group) + RING[kind](group) * nbytes / bandwidth
 
     @property
+    def compiled_elementwise_share(self) -> float | None:
+        """What torch.compile leaves of a block's elementwise GPU time (fsdp_lab/plan/compiled.py);
+        None where the table has not measured it."""
+        return self.table.get("compiled", {}).get("elementwise_share")
+
+    @property
     def host(self) -> dict:
-        """Host seconds per op dispatched, per TP matmul, per compiled kernel, per checkpointed block, per
-        step (fsdp_lab/plan/host.py)."""
+        """Host seconds per op dispatched, per TP matmul, per compiled kernel, per checkpointed block
+        (eager and compiled), per step (fsdp_lab/plan/host.py)."""
         return self.table["host"]
 
 

@@ -10,8 +10,8 @@ optimizer's launch, zero_grad, the loss's sync, the probes). A run with two micr
 sample prices gradient accumulation: what its second microbatch costs beyond one more microbatch's
 ops, per block and for the rest. A run with activation checkpointing prices what AC adds per block
 beyond the ops the trace counts (the trace records the recomputed forward's ops in backward, so those
-are plain ops already): checkpoint's hooks and saved-tensor bookkeeping. None of it comes from the
-configurations the plan is checked against."""
+are plain ops already): checkpoint's hooks and saved-tensor bookkeeping; compiled as well, beyond its
+compiled kernels. None of it comes from the configurations the plan is checked against."""
 
 from __future__ import annotations
 
@@ -20,11 +20,14 @@ from dataclasses import dataclass
 # Tiny, but of the planned models' structure: the op count of a block does not depend on its width.
 TINY_MODEL = ("model.dim=256", "model.n_layers={layers}", "model.n_heads=4", "model.ffn_dim=512", "model.vocab_size=512",
               "train.seq_len=128", "train.batch_size=1", "fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32")
-TIMED = ("train.steps=12", "probes.perf.warmup_steps=4", "probes.parity.enabled=false", "logger=none")
-DEPTHS = (2, 6)
+# The median of 30 steps after 10 of warm-up: a host's step time wanders by tens of microseconds from
+# step to step (scheduling, the allocator), and the figures are differences of two runs.
+TIMED = ("train.steps=40", "probes.perf.warmup_steps=10", "probes.parity.enabled=false", "logger=none")
+DEPTHS = (2, 10)  # 8 blocks apart: the per-block figures divide the runs' noise by 8
 VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true",),
             "mb2": ("train.batch_size=2", "train.microbatches=2"),  # two microbatches of the eager run's one sample
-            "ac": ("ac=full",)}  # every block checkpointed, as the plan's AC candidates run
+            "ac": ("ac=full",),  # every block checkpointed, as the plan's AC candidates run
+            "ac compiled": ("ac=full", "model.compile=true")}  # ... and compiled, checkpoint inside the compiled block
 
 
 def host_runs(world_size: int) -> list[tuple[str, list[str]]]:
@@ -41,6 +44,7 @@ class Counts:
     ops: int  # ops dispatched
     kernels: int  # matmul and attention calls
     ac_ops: int  # ops dispatched with every block checkpointed (its recomputed forward included)
+    ac_kernels: int  # ... and matmul and attention calls
 
 
 def traced_counts(world_size: int) -> dict[int, Counts]:
@@ -56,10 +60,13 @@ def traced_counts(world_size: int) -> dict[int, Counts]:
         with initialize_config_dir(CONF_DIR, version_base="1.3"):
             run = to_run_config(compose("config", overrides=[o.format(layers=L) for o in TINY_MODEL]))
         t = trace_step(run, layers=L, batch=1, ac="none")
-        kernels = sum(1 for op in t.ops if op.kind != "mem" and op.phase in ("fwd", "bwd"))
-        checkpointed = trace_step(run, layers=L, batch=1, ac="full").host_ops
-        out[L] = Counts(t.host_ops["fwd"] + t.host_ops["bwd"], kernels, checkpointed["fwd"] + checkpointed["bwd"])
+        ac = trace_step(run, layers=L, batch=1, ac="full")
+        out[L] = Counts(t.host_ops["fwd"] + t.host_ops["bwd"], _kernels(t), ac.host_ops["fwd"] + ac.host_ops["bwd"], _kernels(ac))
     return out
+
+
+def _kernels(trace) -> int:
+    return sum(1 for op in trace.ops if op.kind != "mem" and op.phase in ("fwd", "bwd"))
 
 
 def fit_host(step_s: dict[str, float], counts: dict[int, Counts]) -> dict:
@@ -69,6 +76,7 @@ def fit_host(step_s: dict[str, float], counts: dict[int, Counts]) -> dict:
     ops_block = (counts[hi].ops - counts[lo].ops) / blocks
     kernels_block = (counts[hi].kernels - counts[lo].kernels) / blocks
     ac_ops_block = (counts[hi].ac_ops - counts[lo].ac_ops) / blocks  # the recomputed forward's included
+    ac_kernels_block = (counts[hi].ac_kernels - counts[lo].ac_kernels) / blocks
     rest_ops = counts[lo].ops - lo * ops_block
     rest_kernels = counts[lo].kernels - lo * kernels_block
 
@@ -87,9 +95,11 @@ def fit_host(step_s: dict[str, float], counts: dict[int, Counts]) -> dict:
     if "ac 2" in step_s:  # a checkpointed block beyond its ops, the recomputed forward's among them
         out["ac_block_s"] = max(per_block("ac") - ac_ops_block * op_s, 0.0)
     out["compiled_kernel_s"] = per_block("compiled") / kernels_block
+    if "ac compiled 2" in step_s:  # a compiled checkpointed block beyond its kernels (the recomputed ones included)
+        out["ac_compiled_block_s"] = max(per_block("ac compiled") - ac_kernels_block * out["compiled_kernel_s"], 0.0)
     compiled_fixed = step_s[f"compiled {lo}"] - lo * per_block("compiled") - rest_ops * op_s
     out["compiled_step_s"] = max(compiled_fixed - out["step_s"], 0.0)
     out["measured_step_s"] = step_s
     out["traced"] = {"ops_per_block": ops_block, "kernels_per_block": kernels_block, "rest_ops": rest_ops, "rest_kernels": rest_kernels,
-                     "ac_ops_per_block": ac_ops_block}
+                     "ac_ops_per_block": ac_ops_block, "ac_kernels_per_block": ac_kernels_block}
     return out

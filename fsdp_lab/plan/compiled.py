@@ -1,0 +1,88 @@
+"""What torch.compile leaves of a transformer block's elementwise work on the device, measured by
+benchmarks/calibrate_device.py. A block's forward and backward run eager and compiled (as the lab
+compiles it: `block.compile()`) under the profiler; each run's device time splits into matmuls and
+attention, which the cost model prices by shape and which compile leaves to the same kernels, and
+everything else (norms, rotary, activation, residual adds, casts), which the cost model prices by
+the bytes it moves. The compiled elementwise time over the eager one is the share of a compiled
+block's elementwise traffic the cost model keeps (plan/cost.py)."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+
+import torch
+
+# The aten ops that run matmul and attention kernels (by profiler name, without "aten::").
+MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"}
+WRAPPER = "calibrated pass"  # each timed call's own record: the parent of kernels launched outside any op
+
+
+def _heavy(name: str) -> bool:
+    op = name.removeprefix("aten::")
+    return name.startswith("aten::") and (op in MATMUL_OPS or "attention" in op or "scaled_dot_product" in op)
+
+
+def device_seconds(fn, calls: int, device: torch.device) -> dict[str, float]:
+    """Device seconds per call of fn (after one call to warm it, compiling if it compiles), split into
+    matmul and attention ('heavy_s') and the rest ('elementwise_s'). On a GPU: the kernels' time, each
+    kernel counted under the op that launched it; on a CPU (a check of the script): the ops' own time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    cuda = device.type == "cuda"
+    fn()
+    if cuda:
+        torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        for _ in range(calls):
+            with record_function(WRAPPER):
+                fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+    heavy = other = 0.0
+    for e in prof.events():
+        if e.device_type != DeviceType.CPU:
+            continue
+        own = e.self_device_time_total if cuda else (0.0 if e.name == WRAPPER else e.self_cpu_time_total)
+        if _heavy(e.name):
+            heavy += own
+        else:
+            other += own
+    return {"heavy_s": heavy / calls / 1e6, "elementwise_s": other / calls / 1e6}
+
+
+def block_pass(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor):
+    """One forward and backward of a block, as a training step runs it (input and weight gradients)."""
+    from fsdp_lab.models.transformer import RotaryTables
+
+    head_dim = block.attention.head_dim
+    cos, sin = RotaryTables(head_dim)(x.shape[1], x.device, x.dtype)
+    params = list(block.parameters())
+
+    def run():
+        out = block(x, cos, sin)
+        torch.autograd.grad(out, [x, *params], grad)
+
+    return run
+
+
+def elementwise_share(shapes: list[dict], device: torch.device, dtype: torch.dtype, calls: int) -> dict:
+    """Each shape's block ({dim, n_heads, ffn_dim, batch, seq}) eager and compiled: the compiled
+    elementwise seconds over the eager ones, and their mean ('elementwise_share')."""
+    from fsdp_lab.models.transformer import TransformerBlock
+
+    rows = []
+    for s in shapes:
+        torch.manual_seed(0)
+        block = TransformerBlock(s["dim"], s["n_heads"], s["ffn_dim"], 1e-5).to(device=device, dtype=dtype)
+        x = torch.randn(s["batch"], s["seq"], s["dim"], device=device, dtype=dtype, requires_grad=True)
+        grad = torch.randn_like(x)
+        compiled = copy.deepcopy(block)
+        compiled.compile()
+        eager = device_seconds(block_pass(block, x, grad), calls, device)
+        fused = device_seconds(block_pass(compiled, x, grad), calls, device)
+        rows.append({**s, **{f"eager_{k}": v for k, v in eager.items()}, **{f"compiled_{k}": v for k, v in fused.items()},
+                     "share": fused["elementwise_s"] / eager["elementwise_s"]})
+        del block, compiled, x, grad
+    return {"elementwise_share": statistics.mean(r["share"] for r in rows), "blocks": rows}
