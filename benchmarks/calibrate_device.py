@@ -1,6 +1,6 @@
 """Measure the device table `mode=plan` costs a step with: matmul and attention throughput by shape,
-memory bandwidth by size (each timed in bursts of back-to-back calls: steady throughput), what
-torch.compile leaves of a block's elementwise time (fsdp_lab/plan/compiled.py), NCCL all-gather,
+memory bandwidth by size (each timed in bursts of back-to-back calls: steady throughput), a block's
+elementwise time eager and compiled (fsdp_lab/plan/elementwise.py), NCCL all-gather,
 reduce-scatter and all-reduce time by message size over the GPUs of this node, and the host's time to
 issue a step (fsdp_lab/plan/host.py: a tiny model's steps through the lab's own trainer, per op
 dispatched, per TP matmul, per compiled kernel, per accumulated microbatch, per checkpointed block,
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from fsdp_lab.plan.compiled import elementwise_share
+from fsdp_lab.plan.elementwise import fit_elementwise, measure_blocks
 
 MATMULS = [  # (M, N, K): tokens x out x in, the shapes of a Llama block's projections and their gradients
     (m, n, k) for m in (2048, 8192, 32768) for n, k in ((2048, 2048), (5632, 2048), (2048, 5632), (32000, 2048), (1024, 2048), (2816, 2048), (4096, 4096))
@@ -37,7 +37,7 @@ BANDWIDTH_MIB = (1, 8, 64, 512)
 COLLECTIVE_MIB = (1, 8, 64, 256)
 BURST = 20  # calls per timed burst
 SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU clock ahead of a burst: longer than the host takes to queue it
-# Blocks whose elementwise work is timed eager and compiled (fsdp_lab/plan/compiled.py): a Llama block
+# Blocks whose elementwise work is timed eager and compiled (fsdp_lab/plan/elementwise.py): a Llama block
 # at two widths, bf16, 4 x 2048 tokens.
 COMPILED_BLOCKS = [{"dim": d, "n_heads": h, "ffn_dim": f, "batch": 4, "seq": 2048} for d, h, f in ((1024, 8, 2816), (2048, 16, 5632))]
 
@@ -152,29 +152,34 @@ def main() -> None:
                            f"in bursts of {BURST} calls" + ("" if world > 1 else "; collectives kept from the table's earlier "
                                                             "calibration (one GPU cannot measure them)"))
     step_s = host_step_times(world)
+    blocks: list[dict] = []
     if rank == 0:
         print(json.dumps({"host_step_s": step_s}), flush=True)
         if not args.host_only:  # after the host's runs: they are timed without the profiler ever started
-            table["compiled"] = compiled_share(device, quick=args.quick or not cuda)
+            blocks = elementwise_blocks(device, quick=args.quick or not cuda)
     dist.destroy_process_group()  # the plan's trace below runs on a fake process group of its own
     if rank == 0:
         from fsdp_lab.plan.host import fit_host, traced_counts
 
+        from fsdp_lab.plan.device import Device
+
         table["host"] = {**fit_host(step_s, traced_counts(world)), "measured_on": f"{name} x{world}, torch {torch.__version__}"}
+        if not args.host_only and blocks:  # priced by the plan's trace, at this table's bandwidth
+            table["elementwise"] = fit_elementwise(blocks, Device(name, table))
         out.write_text(json.dumps(table, indent=1))
         print(json.dumps({k: table[k] for k in ("name", "host") if k in table}), flush=True)
 
 
-def compiled_share(device, quick: bool) -> dict:
-    """What torch.compile leaves of a block's elementwise time, on rank 0's GPU."""
-    blocks = [{"dim": 64, "n_heads": 2, "ffn_dim": 128, "batch": 1, "seq": 32}] if quick else COMPILED_BLOCKS
+def elementwise_blocks(device, quick: bool) -> list[dict]:
+    """A block's elementwise time eager and compiled, on rank 0's GPU (none: not measured)."""
+    shapes = [{"dim": 64, "n_heads": 2, "ffn_dim": 128, "batch": 1, "seq": 32}] if quick else COMPILED_BLOCKS
     try:
-        section = elementwise_share(blocks, device, torch.bfloat16 if device.type == "cuda" else torch.float32, calls=3 if quick else 10)
-    except Exception as e:  # noqa: BLE001 - without a profiler the rest of the table still counts (the cost model assumes a share)
-        print(f"compiled elementwise share not measured: {type(e).__name__}: {e}", flush=True)
-        return {"error": f"{type(e).__name__}: {e}"}
-    print(json.dumps({"compiled": section}), flush=True)
-    return section
+        rows = measure_blocks(shapes, device, torch.bfloat16 if device.type == "cuda" else torch.float32, calls=3 if quick else 10)
+    except Exception as e:  # noqa: BLE001 - without a profiler the rest of the table still counts (the cost model falls back)
+        print(f"block elementwise time not measured: {type(e).__name__}: {e}", flush=True)
+        return []
+    print(json.dumps({"elementwise_blocks": rows}), flush=True)
+    return rows
 
 
 def measure_kernels(table: dict, device, rank: int, world: int, quick: bool) -> None:

@@ -229,10 +229,10 @@ def test_an_ac_candidates_host_time_grows_by_the_calibrated_checkpoint_figure(pl
         assert added == pytest.approx(expected, abs=1e-12)
 
 
-def test_a_compiled_block_keeps_the_device_table_s_measured_elementwise_share(planned):
-    """A compiled layout's GPU time is its eager one less the fused share of the blocks' elementwise
-    time, the share read from the device table (measured by calibrate_device.py); a table without
-    it falls back to the assumed COMPILED_ELEMENTWISE."""
+def test_a_block_s_elementwise_time_follows_the_device_table_s_measured_figures(planned):
+    """A block's elementwise GPU time is its bandwidth pricing times the table's measured eager
+    factor, and compiled, times the measured compiled share; a table without them prices it as it
+    is (eager) and with the assumed COMPILED_ELEMENTWISE (compiled)."""
     _, candidates, _, _, predictor = planned
     # One GPU and a host that costs nothing: the GPU's own work, no collective or host wait hiding it.
     layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=1, tp=1, dp_replicate=1, dp_shard=1)
@@ -240,26 +240,42 @@ def test_a_compiled_block_keeps_the_device_table_s_measured_elementwise_share(pl
     block, _ = model.parts(layout.microbatch_size, 1, device)
     elementwise = model.layers * (block["fwd"].mem + block["bwd"].mem)
 
-    def gpu(table_share, compiled=True):
-        table = {k: v for k, v in device.table.items() if k != "compiled"}
+    def gpu(compiled, **figures):
+        table = {**{k: v for k, v in device.table.items() if k != "elementwise"}, "elementwise": figures}
         table["host"] = {k: 0.0 for k in ("op_s", "step_s", "compiled_kernel_s", "compiled_step_s")}
-        if table_share is not None:
-            table["compiled"] = {"elementwise_share": table_share}
         return step_time(model, dataclasses.replace(layout, compile=compiled), Device(device.name, table), 8)["gpu_s"]
 
-    eager = gpu(None, compiled=False)
+    plain = gpu(False)
+    assert gpu(False, eager_factor=1.8) - plain == pytest.approx(0.8 * elementwise, rel=1e-6)
     for share in (0.2, 0.7):
-        assert eager - gpu(share) == pytest.approx((1 - share) * elementwise, rel=1e-6)
-    assert gpu(None) == pytest.approx(gpu(COMPILED_ELEMENTWISE), rel=1e-12)
-    assert load_device("h200").compiled_elementwise_share is not None  # the shipped H200 table measured it
+        assert plain - gpu(True, compiled_share=share) == pytest.approx((1 - share) * elementwise, rel=1e-6)
+        assert gpu(True, eager_factor=2.0, compiled_share=share) - gpu(True, compiled_share=share) == pytest.approx(share * elementwise, rel=1e-6)
+    assert gpu(True) == pytest.approx(gpu(True, compiled_share=COMPILED_ELEMENTWISE), rel=1e-12)
+    shipped = load_device("h200")  # measured: a block's elementwise ops run below a plain add's bandwidth; compile fuses most
+    assert shipped.elementwise("eager_factor") > 1 and 0 < shipped.elementwise("compiled_share") < 1
+
+
+def test_fsdp_s_copies_around_its_collectives_cost_gpu_time_on_one_gpu_too(planned):
+    """FSDP2 casts, splits and concatenates around every all-gather and reduce-scatter, whatever the
+    group: on one GPU they are the only cost of sharding, and resharding after forward adds the
+    backward's copies again."""
+    _, candidates, _, _, predictor = planned
+    layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=1, tp=1, dp_replicate=1, dp_shard=1)
+    model, device = predictor.model(layout.ac), predictor.device
+    table = {**device.table, "host": {k: 0.0 for k in ("op_s", "step_s", "compiled_kernel_s", "compiled_step_s")}}
+    free = Device(device.name, table)
+    gpu = {reshard: step_time(model, dataclasses.replace(layout, reshard=reshard), free, 8)["gpu_s"] for reshard in (True, False)}
+    per_block = model.block_params / model.layers
+    regathers = model.layers * (free.memory_s(per_block * (4 + model.param_bytes)) + free.memory_s(2 * per_block * model.param_bytes))
+    assert gpu[True] - gpu[False] == pytest.approx(regathers, rel=1e-6)
 
 
 def test_the_profiler_split_counts_matmuls_apart_from_elementwise_work():
-    """calibrate_device's compiled share rests on this split: a matmul's time is heavy, an add's is
+    """calibrate_device's elementwise figures rest on this split: a matmul's time is heavy, an add's is
     elementwise, a block has both."""
     import torch
 
-    from fsdp_lab.plan.compiled import block_pass, device_seconds
+    from fsdp_lab.plan.elementwise import block_pass, device_seconds
     from fsdp_lab.models.transformer import TransformerBlock
 
     cpu = torch.device("cpu")

@@ -23,9 +23,12 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 # share of a block's elementwise traffic (the rest, attention and MLP internals, is split tp ways).
 TP_REPLICATED_ELEMENTWISE = 0.4
 # torch.compile fuses a block's elementwise chains: the share of their time that remains is measured
-# per device (Device.compiled_elementwise_share); this assumed share stands in for tables without it.
+# per device (Device.elementwise("compiled_share")); this assumed share stands in for tables without it.
 COMPILED_ELEMENTWISE = 0.5
-ADAM_BYTES_PER_PARAM = 28  # fused AdamW: reads param, grad, exp_avg, exp_avg_sq; writes three (fp32)
+# fused AdamW reads param, grad, exp_avg, exp_avg_sq and writes three (fp32); the gradient norm the
+# trainer takes every step (clipping or not) reads the gradient once more.
+OPTIMIZER_BYTES_PER_PARAM = 28 + 4
+SHARD_BYTES = 4  # FSDP2 keeps the sharded parameters and their gradients in float32
 
 
 @dataclass(frozen=True)
@@ -184,13 +187,16 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     rep_size, rep_inter = group_link(layout, "dp_replicate", gpus_per_node)
     pp_size, pp_inter = group_link(layout, "pp", gpus_per_node)
 
-    measured_share = device.compiled_elementwise_share
+    # A block's elementwise ops run at the measured share of the bandwidth pricing (absent: the
+    # pricing as it is), and compiled at the measured share of that (absent: the assumed share).
+    eager_factor = device.elementwise("eager_factor") or 1.0
+    measured_share = device.elementwise("compiled_share")
     compiled_share = COMPILED_ELEMENTWISE if measured_share is None else measured_share
 
     def gpu(p: Parts, in_block: bool) -> float:
         factor = 1.0
         if in_block:
-            factor = TP_REPLICATED_ELEMENTWISE + (1 - TP_REPLICATED_ELEMENTWISE) / tp
+            factor = eager_factor * (TP_REPLICATED_ELEMENTWISE + (1 - TP_REPLICATED_ELEMENTWISE) / tp)
             factor *= compiled_share if layout.compile else 1.0
         return p.mm + p.attn + p.mem * factor
 
@@ -209,12 +215,24 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     # eager figure alone gives it to compiled blocks too).
     ac_key = "ac_compiled_block_s" if layout.compile and "ac_compiled_block_s" in host else "ac_block_s"
     ac_host = host.get(ac_key, 0.0) if layout.ac == "full" else 0.0
-    fwd_b = Work(gpu(block["fwd"], True) + 2 * tp_ar, issue(block["fwd"], True))
-    bwd_b = Work(gpu(block["bwd"], True) + 2 * tp_ar, issue(block["bwd"], True) + ac_host)
-    fwd_r = Work(gpu(rest["fwd"], False) + tp_ar, issue(rest["fwd"], False))
-    bwd_r = Work(gpu(rest["bwd"], False) + tp_ar, issue(rest["bwd"], False))
     unit = model.block_params / model.layers / tp
     root = model.other_params / tp / (layout.pp if layout.pp > 1 else 1)
+
+    # FSDP2's copies around its collectives, on the GPU (whatever the group's size, one GPU too): an
+    # all-gather casts the float32 shard into its buffer and splits the gathered buffer into the
+    # parameters; a reduce-scatter concatenates the gradients in the reduce dtype and writes its
+    # shard into the float32 gradient. The profiler shows them serialised with the compute kernels.
+    def gather_copies(n):
+        return device.memory_s(n / shard * (SHARD_BYTES + model.param_bytes)) + device.memory_s(2 * n * model.param_bytes)
+
+    def reduce_copies(n):
+        return device.memory_s(n * (model.param_bytes + model.reduce_bytes)) + device.memory_s(2 * n / shard * SHARD_BYTES)
+
+    regather = gather_copies(unit) if layout.reshard else 0.0
+    fwd_b = Work(gpu(block["fwd"], True) + 2 * tp_ar + gather_copies(unit), issue(block["fwd"], True))
+    bwd_b = Work(gpu(block["bwd"], True) + 2 * tp_ar + regather + reduce_copies(unit), issue(block["bwd"], True) + ac_host)
+    fwd_r = Work(gpu(rest["fwd"], False) + tp_ar + gather_copies(root), issue(rest["fwd"], False))
+    bwd_r = Work(gpu(rest["bwd"], False) + tp_ar + reduce_copies(root), issue(rest["bwd"], False))
 
     def gather(n): return device.collective_s("all_gather", n * model.param_bytes, sh_size, sh_inter) if shard > 1 else 0.0
     def reduce(n):
@@ -229,7 +247,7 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     else:
         passes = layout.microbatches * per_mb
     local_params = (model.block_params / layout.pp + root * tp) / tp / shard
-    optimizer = device.memory_s(local_params * ADAM_BYTES_PER_PARAM)
+    optimizer = device.memory_s(local_params * OPTIMIZER_BYTES_PER_PARAM)
     # The step's own host work (clipping, the optimizer's launch, zero_grad, the loss's sync) follows
     # the last backward's issue, while the GPU may still be running it.
     step_host = host["step_s"] + (host.get("tp_step_s", 0.0) if tp > 1 else 0.0) + (host["compiled_step_s"] if layout.compile else 0.0)

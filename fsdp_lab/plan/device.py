@@ -82,11 +82,11 @@ class Device:
             latency, bandwidth = spec["inter_node_latency_s"], min(bandwidth, spec["inter_node_gbps"] * 1e9)
         return latency * math.log2(group) + RING[kind](group) * nbytes / bandwidth
 
-    @property
-    def compiled_elementwise_share(self) -> float | None:
-        """What torch.compile leaves of a block's elementwise GPU time (fsdp_lab/plan/compiled.py);
-        None where the table has not measured it."""
-        return self.table.get("compiled", {}).get("elementwise_share")
+    def elementwise(self, figure: str) -> float | None:
+        """A block's measured elementwise figure (fsdp_lab/plan/elementwise.py): `eager_factor`, its
+        eager time over the bandwidth pricing of its ops, or `compiled_share`, what torch.compile
+        leaves of it; None where the table has not measured it."""
+        return self.table.get("elementwise", {}).get(figure)
 
     @property
     def host(self) -> dict:

@@ -49,16 +49,12 @@ class Counts:
 
 def traced_counts(world_size: int) -> dict[int, Counts]:
     """The plan's trace of the tiny model at each depth (the same trace the cost model reads)."""
-    from hydra import compose, initialize_config_dir
-
-    from fsdp_lab.config import to_run_config
+    from fsdp_lab.plan.predict import run_of
     from fsdp_lab.plan.trace import trace_step
-    from fsdp_lab.run import CONF_DIR
 
     out = {}
     for L in DEPTHS:
-        with initialize_config_dir(CONF_DIR, version_base="1.3"):
-            run = to_run_config(compose("config", overrides=[o.format(layers=L) for o in TINY_MODEL]))
+        run = run_of([o.format(layers=L) for o in TINY_MODEL])
         t = trace_step(run, layers=L, batch=1, ac="none")
         ac = trace_step(run, layers=L, batch=1, ac="full")
         out[L] = Counts(t.host_ops["fwd"] + t.host_ops["bwd"], _kernels(t), ac.host_ops["fwd"] + ac.host_ops["bwd"], _kernels(ac))

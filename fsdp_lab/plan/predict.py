@@ -58,16 +58,22 @@ def layout_of(run: RunConfig, world_size: int) -> Layout:
                   reshard=raf is not False, compile=run.model.compile)
 
 
-def predict_overrides(overrides: list[str], *, world_size: int, device: str, gpus_per_node: int) -> dict:
-    """The prediction for `python -m fsdp_lab OVERRIDES` on world_size GPUs of `device`."""
+def run_of(overrides: list[str]) -> RunConfig:
+    """The run `python -m fsdp_lab OVERRIDES` configures (composed in this process)."""
     from hydra import compose, initialize_config_dir
 
     from fsdp_lab.config import to_run_config
-    from fsdp_lab.plan.device import load_device
     from fsdp_lab.run import CONF_DIR
 
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        run = to_run_config(compose("config", overrides=overrides))
+        return to_run_config(compose("config", overrides=list(overrides)))
+
+
+def predict_overrides(overrides: list[str], *, world_size: int, device: str, gpus_per_node: int) -> dict:
+    """The prediction for `python -m fsdp_lab OVERRIDES` on world_size GPUs of `device`."""
+    from fsdp_lab.plan.device import load_device
+
+    run = run_of(overrides)
     traced = dataclasses.replace(run, model=dataclasses.replace(run.model, compile=False))
     key = repr((traced.model, traced.fsdp.param_dtype, traced.fsdp.reduce_dtype, traced.train.seq_len, traced.optim, device, gpus_per_node))
     if key not in _PREDICTORS:  # configurations of one model share its traces

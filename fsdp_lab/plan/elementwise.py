@@ -1,10 +1,12 @@
-"""What torch.compile leaves of a transformer block's elementwise work on the device, measured by
+"""A transformer block's elementwise work on the device, eager and compiled, measured by
 benchmarks/calibrate_device.py. A block's forward and backward run eager and compiled (as the lab
 compiles it: `block.compile()`) under the profiler; each run's device time splits into matmuls and
 attention, which the cost model prices by shape and which compile leaves to the same kernels, and
 everything else (norms, rotary, activation, residual adds, casts), which the cost model prices by
-the bytes it moves. The compiled elementwise time over the eager one is the share of a compiled
-block's elementwise traffic the cost model keeps (plan/cost.py)."""
+the bytes it moves at the table's bandwidth. Two figures come of it (plan/cost.py uses both):
+`eager_factor`, the eager elementwise time over what the cost model's pricing of the same block's
+traced ops says (broadcasting, strided and flipped operands run below the bandwidth of a plain
+add), and `compiled_share`, the compiled elementwise time over the eager one."""
 
 from __future__ import annotations
 
@@ -67,9 +69,9 @@ def block_pass(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor):
     return run
 
 
-def elementwise_share(shapes: list[dict], device: torch.device, dtype: torch.dtype, calls: int) -> dict:
-    """Each shape's block ({dim, n_heads, ffn_dim, batch, seq}) eager and compiled: the compiled
-    elementwise seconds over the eager ones, and their mean ('elementwise_share')."""
+def measure_blocks(shapes: list[dict], device: torch.device, dtype: torch.dtype, calls: int) -> list[dict]:
+    """Each shape's block ({dim, n_heads, ffn_dim, batch, seq}) eager and compiled: device seconds
+    of its matmuls and attention and of the rest, per forward and backward."""
     from fsdp_lab.models.transformer import TransformerBlock
 
     rows = []
@@ -82,7 +84,29 @@ def elementwise_share(shapes: list[dict], device: torch.device, dtype: torch.dty
         compiled.compile()
         eager = device_seconds(block_pass(block, x, grad), calls, device)
         fused = device_seconds(block_pass(compiled, x, grad), calls, device)
-        rows.append({**s, **{f"eager_{k}": v for k, v in eager.items()}, **{f"compiled_{k}": v for k, v in fused.items()},
-                     "share": fused["elementwise_s"] / eager["elementwise_s"]})
+        rows.append({**s, **{f"eager_{k}": v for k, v in eager.items()}, **{f"compiled_{k}": v for k, v in fused.items()}})
         del block, compiled, x, grad
-    return {"elementwise_share": statistics.mean(r["share"] for r in rows), "blocks": rows}
+    return rows
+
+
+def priced_block_elementwise_s(shape: dict, device) -> float:
+    """What the cost model prices one block's elementwise ops at (forward and backward, bf16, at the
+    shape's batch), from the plan's own trace of a 2-block model of that width."""
+    from fsdp_lab.plan.predict import Predictor, run_of
+
+    run = run_of(["model.n_layers=2", f"model.dim={shape['dim']}", f"model.n_heads={shape['n_heads']}", f"model.ffn_dim={shape['ffn_dim']}",
+                   "model.vocab_size=512", f"train.seq_len={shape['seq']}", "fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32"])
+    block, _ = Predictor(run, device, 8).model("none").parts(shape["batch"], 1, device)
+    return block["fwd"].mem + block["bwd"].mem
+
+
+def fit_elementwise(rows: list[dict], device) -> dict:
+    """The table's elementwise section from the measured blocks: each block's eager elementwise
+    seconds over the cost model's pricing of it, and its compiled over its eager seconds; the
+    means are what the cost model reads."""
+    for r in rows:
+        r["priced_elementwise_s"] = priced_block_elementwise_s(r, device)
+        r["eager_factor"] = r["eager_elementwise_s"] / r["priced_elementwise_s"]
+        r["compiled_share"] = r["compiled_elementwise_s"] / r["eager_elementwise_s"]
+    return {"eager_factor": statistics.mean(r["eager_factor"] for r in rows),
+            "compiled_share": statistics.mean(r["compiled_share"] for r in rows), "blocks": rows}
