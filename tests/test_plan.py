@@ -19,6 +19,7 @@ from fsdp_lab.plan.host import DEPTHS, Counts, fit_host, host_runs
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.run import PLAN_FILE, plan, run_plan
 from fsdp_lab.plan.search import _estimable, _estimated_peak_mib, layouts, meshes, rank
+from fsdp_lab.plan.trace import Trace
 from warm_lab import run_lab_warm
 
 # A small Llama-style model planned for 64 H100s: its traces are quick, its layouts many.
@@ -199,6 +200,15 @@ def test_blocks_and_the_rest_add_up_to_the_whole_model_priced_op_by_op(planned):
         for part in ("mm", "attn", "mem", "host_ops", "kernels"):
             assert L * getattr(block[ph], part) + getattr(rest[ph], part) == pytest.approx(getattr(whole[ph], part), rel=1e-9)
         assert block[ph].mm > 0 and rest[ph].mm > 0
+
+
+def test_ops_dispatched_grow_with_the_microbatch_as_the_traces_at_1_and_2_samples_do():
+    """The loss's row slices are a loop over the tokens: the host ops of a microbatch of mb samples
+    follow the 1- and 2-sample traces' difference, as the kernels' dims do."""
+    one = Trace([], {"fwd": 10, "bwd": 20}, 0.0)
+    two = Trace([], {"fwd": 14, "bwd": 26}, 0.0)
+    parts = price(one, two, 4, 1, load_device("h200"))
+    assert (parts["fwd"].host_ops, parts["bwd"].host_ops) == (22, 38)
 
 
 def test_each_microbatch_after_the_first_adds_the_calibrated_accumulation_host_work(planned):

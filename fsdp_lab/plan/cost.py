@@ -88,7 +88,8 @@ def price(one: Trace, two: Trace, mb: int, tp: int, device: Device) -> dict[str,
     for phase in ("fwd", "bwd"):
         ops1 = [o for o in one.ops if o.phase == phase]
         ops2 = [o for o in two.ops if o.phase == phase]
-        p = Parts(host_ops=one.host_ops[phase])
+        # Ops dispatched grow with the batch where a loop does (the loss's row slices), as the dims do.
+        p = Parts(host_ops=one.host_ops[phase] + (two.host_ops[phase] - one.host_ops[phase]) * (mb - 1))
         heavy1 = [o for o in ops1 if o.kind != "mem"]
         heavy2 = [o for o in ops2 if o.kind != "mem"]
         pairs = zip(heavy1, heavy2) if len(heavy1) == len(heavy2) else ((o, o) for o in heavy1)
