@@ -54,12 +54,14 @@ def device_seconds(fn, calls: int, device: torch.device) -> dict[str, float]:
     return {"heavy_s": heavy / calls / 1e6, "elementwise_s": other / calls / 1e6}
 
 
-def block_pass(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor):
-    """One forward and backward of a block, as a training step runs it (input and weight gradients)."""
+def block_pass(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, compiled: bool = False):
+    """One forward and backward of a block, as a training step runs it (input and weight gradients;
+    the rotary tables the model gives an eager or a compiled block)."""
     from fsdp_lab.models.transformer import RotaryTables
 
     head_dim = block.attention.head_dim
-    cos, sin = RotaryTables(head_dim)(x.shape[1], x.device, x.dtype)
+    tables = RotaryTables(head_dim, x.shape[-1] // head_dim, broadcast=compiled)
+    cos, sin = tables(x.shape[0], x.shape[1], x.device, x.dtype)
     params = list(block.parameters())
 
     def run():
@@ -83,7 +85,7 @@ def measure_blocks(shapes: list[dict], device: torch.device, dtype: torch.dtype,
         compiled = copy.deepcopy(block)
         compiled.compile()
         eager = device_seconds(block_pass(block, x, grad), calls, device)
-        fused = device_seconds(block_pass(compiled, x, grad), calls, device)
+        fused = device_seconds(block_pass(compiled, x, grad, compiled=True), calls, device)
         rows.append({**s, **{f"eager_{k}": v for k, v in eager.items()}, **{f"compiled_{k}": v for k, v in fused.items()}})
         del block, compiled, x, grad
     return rows
