@@ -1,7 +1,7 @@
 """The lab's training step beside torchtitan's and a hand-written FSDP2 loop, on the same GPUs, model
 shape and precision, in one invocation per mode:
 
-    python benchmarks/speed.py [--compile] [--shape 1b|8b] [--runs 3] [--peers lab,torchtitan,hand-written]
+    python benchmarks/speed.py [--compile] [--ac none|full] [--shape 1b|8b] [--runs 3] [--peers lab,torchtitan,hand-written]
                                [--peer-path DIR] [--json PATH] [--profile DIR] [extra lab overrides]
 
 Each run is a fresh process; the runs of the peers alternate (lab, torchtitan, hand-written, lab, ...)
@@ -9,6 +9,8 @@ so that drift of the machine hits all alike, and the table shows medians. The la
 `+experiment=bench_llama1b` (shape 8b: Llama-3-8B's sizes with full multi-head attention, batch 1,
 seq 4096) with the per-phase memory probe on for its peak (it costs no measurable time). torchtitan
 (benchmarks/torchtitan_yardstick.py) runs with DIR (where its wheels were installed) on its path.
+--ac full: every block checkpointed in the lab (ac=full) and in torchtitan (its --ac full; the
+hand-written loop has no checkpointing, so it is refused there), for shapes that fit only so.
 --profile DIR: each peer's first run profiles its last 2 warm-up steps (the lab through probes.profile)
 into DIR/<peer>/: ops.md, the ops ranked by GPU time per step, and every rank's trace."""
 
@@ -75,6 +77,7 @@ def peer(name: str, gpus: int, args: list[str], peer_path: str | None) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--compile", action="store_true", help="per-block torch.compile in every peer")
+    p.add_argument("--ac", choices=("none", "full"), default="none", help="activation checkpointing of every block")
     p.add_argument("--shape", choices=SHAPES, default="1b")
     p.add_argument("--runs", type=int, default=3, help="fresh processes per peer; the table shows medians")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}")
@@ -83,6 +86,8 @@ def main() -> None:
     p.add_argument("--profile", type=Path, help="profile each peer's first run into DIR/<peer>/")
     a, extra = p.parse_known_args()
     peers = [name for name in PEERS if name in a.peers.split(",")]
+    if a.ac != "none" and "hand-written" in peers:
+        p.error(f"--ac={a.ac}: the hand-written loop has no activation checkpointing; leave it out of --peers")
     shape = SHAPES[a.shape]
     gpus = torch.cuda.device_count() or 2  # 2 gloo ranks on a CPU-only machine
     lab_overrides = [f"{LAB_KEY.get(k, 'model.' + k)}={v}" for k, v in shape.items()] + extra
@@ -90,6 +95,9 @@ def main() -> None:
     if a.compile:
         lab_overrides.append("model.compile=true")
         args.append("--compile")
+    if a.ac != "none":
+        lab_overrides.append(f"ac={a.ac}")
+        args.append(f"--ac={a.ac}")
 
     runs: dict[str, list[dict]] = {name: [] for name in peers}
     for run in range(a.runs):
@@ -111,7 +119,7 @@ def main() -> None:
         a.json.write_text(json.dumps({"gpus": gpus, "compile": a.compile, "shape": a.shape, "extra": extra,
                                       "runs": runs, "medians": medians}, indent=1))
 
-    print(f"\n{gpus} GPUs, shape {a.shape}, compile={a.compile}, medians of {a.runs} runs{' ' + ' '.join(extra) if extra else ''}")
+    print(f"\n{gpus} GPUs, shape {a.shape}, compile={a.compile}, ac={a.ac}, medians of {a.runs} runs{' ' + ' '.join(extra) if extra else ''}")
     others = [name for name in peers if name != "lab"]
     print(f"{'':18}" + "".join(f"{name:>14}" for name in peers) + ("".join(f"{'lab/' + n:>18}" for n in others) if "lab" in peers else ""))
     for key, label, fmt in (("tokens_per_s", "tokens/s per GPU", "{:14.0f}"), ("mfu", "MFU", "{:14.3f}"),
