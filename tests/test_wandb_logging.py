@@ -22,6 +22,7 @@ def sweep(tmp_path_factory):
     sweep_dir = tmp_path_factory.mktemp("w") / "sweeps" / "mesh_study" / "run1"
     result = run_lab(
         "-m", "mesh.dp_shard=-1", "train.steps=2", "optim=adamw,sgd", "logger.mode=offline",
+        "probes.profile.enabled=true", "probes.profile.first_step=2", "probes.profile.steps=1",
         # A secret that reaches the resolved config must still stay out of W&B.
         "logger.tags=[lab,${oc.env:MY_SERVICE_TOKEN}]", f"hydra.sweep.dir={sweep_dir}",
         env=lab_env(MY_SERVICE_TOKEN=SECRET, WANDB_API_KEY=API_KEY), timeout=600,
@@ -88,6 +89,9 @@ def test_final_summary_and_tables_match_summary_json(sweep):
         memory = json.loads((files / summary["tables/memory_phases"]["path"]).read_text())
         expected = [[ph, written["memory"]["phases_mib"][ph]] for ph in PHASES] + [["peak", written["memory"]["peak_mib"]]]
         assert memory["data"] == expected
+        ops = json.loads((files / summary["tables/profile_ops"]["path"]).read_text())
+        assert ops["columns"] == ["name", "self_ms_per_step", "total_ms_per_step", "calls_per_step"]
+        assert ops["data"] == [[op[c] for c in ops["columns"]] for op in written["profile"]["top_ops"]]
 
 
 @pytest.mark.slow

@@ -1,11 +1,13 @@
 """The profiler probe (probes.profile.enabled): steps first_step .. first_step+steps-1, each with
-the probes' work after it (the parity reference's step, ...), under torch.profiler (fsdp_lab/probes/profile.py); every rank's trace in profile/, rank 0's op table in
-profile/ops.md, and the summary's profile section. The files are written when the window closes, so a
-run that fails later keeps them."""
+the probes' work after it (the parity reference's step, ...), under torch.profiler
+(fsdp_lab/probes/profile.py); every rank's trace in profile/, rank 0's op table in profile/ops.md and
+as the W&B table tables/profile_ops, and the summary's profile section. The files are written when the
+window closes, so a run that fails later keeps them."""
 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 from torch.profiler import record_function
 
@@ -13,9 +15,11 @@ from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.dist import DistContext
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.probes.base import Probe, ProbeSetup, StepResult
-from fsdp_lab.probes.profile import ProfileWindow, write_ops_table
+from fsdp_lab.probes.profile import TOP_OPS, ProfileWindow, write_ops_table
 
 PROFILE_DIR = "profile"
+OPS_TABLE = "tables/profile_ops"
+OPS_COLUMNS = ("name", "self_ms_per_step", "total_ms_per_step", "calls_per_step")
 
 
 class ProfileProbe(Probe):
@@ -61,3 +65,6 @@ class ProfileProbe(Probe):
     def summary(self) -> dict:
         return {"profile": {"first_step": self.first, "steps": self.last - self.first + 1,
                             "device": self.ctx.device.type, **self.window.figures()}}
+
+    def publish(self, run_dir: Path, sink) -> None:
+        sink.table(OPS_TABLE, list(OPS_COLUMNS), [[op[c] for c in OPS_COLUMNS] for op in self.window.ops[:TOP_OPS]])

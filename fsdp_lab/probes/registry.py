@@ -12,7 +12,7 @@ fsdp_lab.probes.base.Probe subclass + one line here.
     perf        perf/step_time_s, perf/tokens_per_s, perf/mfu, perf/iteration_time_s; summary perf{...}
     frozen      summary frozen{params, compared_numel, max_abs_change}
     profile     summary profile{first_step, steps, device, self_ms_per_step, top_ops}; profile/trace_rank<R>.json,
-                profile/ops.md (last: its window holds the other probes' work around and after each step)
+                profile/ops.md, W&B table tables/profile_ops (last: its window holds the other probes' work around and after each step)
 """
 
 from __future__ import annotations
