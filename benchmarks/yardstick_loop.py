@@ -66,7 +66,7 @@ def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.d
     `around_backward`: the context the loss and its backward run in. With `a.profile`, the last 2
     warm-up steps run under torch.profiler (as the lab's probes.profile does), outside the timed ones."""
     tokens = torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len + 1), device=device)
-    window = ProfileWindow(device, steps=2) if a.profile else None
+    window = ProfileWindow(device) if a.profile else None
     times = []
     for step in range(a.steps):
         if window and step == a.warmup - 2:
@@ -84,7 +84,7 @@ def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.d
         if step >= a.warmup:
             times.append(time.perf_counter() - t0)
         if window and step == a.warmup - 1:
-            window.end(a.profile, dist.get_rank())
+            window.end(a.profile, dist.get_rank(), steps=2)
             if dist.get_rank() == 0:
                 write_ops_table(a.profile / "ops.md", window.ops, f"Rank 0, steps {step}-{step + 1}, self time on {device.type}")
     step_time = statistics.median(times)

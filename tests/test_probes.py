@@ -130,6 +130,25 @@ def test_the_profiler_records_exactly_its_window_of_steps(train, tmp_path):
     assert {op["name"]: op for op in one_step["profile"]["top_ops"]}["aten::mm"]["calls_per_step"] == mm["calls_per_step"]
 
 
+@pytest.mark.parametrize("start_step,profiled", [(2, ["step 3"]), (3, [])])
+def test_a_resumed_run_profiles_the_window_steps_it_trains(tiny, world_of_one, tmp_path, start_step, profiled):
+    """Steps 2-3 of 4 are the window; a run resumed after step 2 profiles step 3 alone, one resumed
+    after step 3 profiles none (and neither fails)."""
+    run, dims = tiny("train.steps=4", "probes.profile.enabled=true", "probes.profile.first_step=2", "probes.profile.steps=2")
+    trainer = build_trainer(run, dims, world_of_one, on_step=lambda row: None, run_dir=tmp_path)
+    trainer.run(start_step=start_step)
+    profile = finished(base_summary(run, dims, "cpu"), steps=4, final_loss=trainer.last_loss, probes=trainer.probes,
+                       checkpoint=None)["profile"]
+    assert profile["steps"] == len(profiled)
+    trace = tmp_path / "profile" / "trace_rank0.json"
+    if profiled:
+        events = json.loads(trace.read_text())["traceEvents"]
+        assert sorted({e["name"] for e in events if e.get("name", "").startswith("step ")}) == profiled
+        assert profile["first_step"] == 3 and {op["name"] for op in profile["top_ops"]} >= {"aten::mm"}
+    else:
+        assert not trace.exists() and profile["top_ops"] == []
+
+
 def test_a_profiler_window_past_the_last_step_is_refused(tiny):
     with pytest.raises(ConfigError, match=r"probes.profile.first_step=3: the window of probes.profile.steps=2 ends at step 4, past train.steps=3"):
         tiny("probes.profile.enabled=true", "probes.profile.steps=2")

@@ -16,11 +16,12 @@ TOP_OPS = 25
 
 
 class ProfileWindow:
-    """`steps` consecutive steps under one torch.profiler session: `begin()` before the first,
-    `end(out_dir, rank)` after the last writes trace_rank<R>.json there and keeps the op table."""
+    """Consecutive steps under one torch.profiler session: `begin()` before the first, `end(out_dir,
+    rank, steps)` after the last (`steps` of them) writes trace_rank<R>.json there and keeps the op
+    table, per step."""
 
-    def __init__(self, device: torch.device, steps: int):
-        self.device, self.steps = device, steps
+    def __init__(self, device: torch.device):
+        self.device = device
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         self.profiler = profile(activities=activities, record_shapes=False)
         self.ops: list[dict] = []
@@ -28,9 +29,9 @@ class ProfileWindow:
     def begin(self) -> None:
         self.profiler.__enter__()
 
-    def end(self, out_dir: Path | None, rank: int) -> None:
+    def end(self, out_dir: Path | None, rank: int, steps: int) -> None:
         self.profiler.__exit__(None, None, None)  # waits for the device: the window's kernels are in
-        self.ops = op_rows(self.profiler.key_averages(), self.steps, self.device.type)
+        self.ops = op_rows(self.profiler.key_averages(), steps, self.device.type)
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             self.profiler.export_chrome_trace(str(out_dir / f"trace_rank{rank}.json"))

@@ -2,7 +2,8 @@
 the probes' work after it (the parity reference's step, ...), under torch.profiler
 (fsdp_lab/probes/profile.py); every rank's trace in profile/, rank 0's op table in profile/ops.md and
 as the W&B table tables/profile_ops, and the summary's profile section. The files are written when the
-window closes, so a run that fails later keeps them."""
+window closes, so a run that fails later keeps them. A run resumed inside the window profiles the
+window's steps it runs; one resumed past it profiles none (its summary says 0 steps)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ class ProfileProbe(Probe):
     def attach(self, setup: ProbeSetup) -> None:
         cfg = self.run.probes.profile
         self.first, self.last = cfg.first_step, cfg.first_step + cfg.steps - 1
-        self.window = ProfileWindow(setup.ctx.device, cfg.steps)
+        self.window = ProfileWindow(setup.ctx.device)
+        self.begun_at: int | None = None
         self.out_dir = setup.run_dir / PROFILE_DIR if setup.run_dir is not None else None
 
     @contextlib.contextmanager
@@ -48,22 +50,26 @@ class ProfileProbe(Probe):
         if not self.first <= step + 1 <= self.last:
             yield
             return
-        if step + 1 == self.first:
+        if self.begun_at is None:  # the window's first step, or the first this (resumed) run trains
+            self.begun_at = step + 1
             self.window.begin()
         with record_function(f"step {step + 1}"):  # the step's span in the trace
             yield
 
     def after_step(self, result: StepResult) -> dict:
         # Last in probe order: the window holds each step's whole turn, the other probes' work after it too.
-        if result.step == self.last:
-            self.window.end(self.out_dir, self.ctx.rank)
+        if result.step == self.last and self.begun_at is not None:
+            self.window.end(self.out_dir, self.ctx.rank, self._profiled_steps())
             if self.ctx.is_main and self.out_dir is not None:
                 write_ops_table(self.out_dir / "ops.md", self.window.ops,
-                                f"Rank 0, steps {self.first}-{self.last}, self time on {self.ctx.device.type}")
+                                f"Rank 0, steps {self.begun_at}-{self.last}, self time on {self.ctx.device.type}")
         return {}
 
+    def _profiled_steps(self) -> int:
+        return 0 if self.begun_at is None else self.last - self.begun_at + 1
+
     def summary(self) -> dict:
-        return {"profile": {"first_step": self.first, "steps": self.last - self.first + 1,
+        return {"profile": {"first_step": self.begun_at or self.first, "steps": self._profiled_steps(),
                             "device": self.ctx.device.type, **self.window.figures()}}
 
     def publish(self, run_dir: Path, sink) -> None:
