@@ -41,6 +41,11 @@ def test_phases_stable_fails_when_an_iteration_after_the_first_differs():
     leaking = STABLE[:2] + [phases(3.25, 3.5, 3.5)]
     assert check({}, leaking) == {"ok": False, "value": 0.25, "expected": 0.0}
     assert check({}, STABLE[:2])["ok"] is False  # two iterations cannot show stability
+    # A step's peak is no phase (on CPU it may count a collective's buffer on its way out); on GPU the
+    # reserved memory at each phase is one.
+    assert check({}, [dict(r, **{"memory/peak_mib": 4.0 + i / 8}) for i, r in enumerate(STABLE)])["ok"] is True
+    reserved = [dict(r, **{"memory/after_bwd_reserved_mib": 8.0 + (i == 2)}) for i, r in enumerate(STABLE)]
+    assert check({}, reserved) == {"ok": False, "value": 1.0, "expected": 0.0}
 
 
 def test_optimizer_state_in_first_step_fails_without_state_or_when_it_does_not_stay():
