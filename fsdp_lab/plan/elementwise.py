@@ -27,10 +27,12 @@ def _heavy(name: str) -> bool:
 
 def device_seconds(fn, calls: int, device: torch.device) -> dict[str, float]:
     """Device seconds per call of fn (after one call to warm it, compiling if it compiles), split into
-    matmul and attention ('heavy_s') and the rest ('elementwise_s'). On a GPU: the kernels' time, each
-    kernel counted under the op that launched it; on a CPU (a check of the script): the ops' own time."""
-    from torch.autograd import DeviceType
+    matmul and attention ('heavy_s') and the rest ('elementwise_s'), from the profiler's ops as the
+    profiler probe reads them (fsdp_lab/probes/profile.py: on a GPU the kernels' time, each kernel
+    under the op that launched it; on a CPU, a check of the script, the ops' own time)."""
     from torch.profiler import ProfilerActivity, profile, record_function
+
+    from fsdp_lab.probes.profile import op_rows
 
     cuda = device.type == "cuda"
     fn()
@@ -43,15 +45,14 @@ def device_seconds(fn, calls: int, device: torch.device) -> dict[str, float]:
         if cuda:
             torch.cuda.synchronize(device)
     heavy = other = 0.0
-    for e in prof.events():
-        if e.device_type != DeviceType.CPU:
+    for op in op_rows(prof.key_averages(), calls, device.type):
+        if op["name"] == WRAPPER and not cuda:  # its own host time: the timing loop's, not the ops'
             continue
-        own = e.self_device_time_total if cuda else (0.0 if e.name == WRAPPER else e.self_cpu_time_total)
-        if _heavy(e.name):
-            heavy += own
+        if _heavy(op["name"]):
+            heavy += op["self_ms_per_step"]
         else:
-            other += own
-    return {"heavy_s": heavy / calls / 1e6, "elementwise_s": other / calls / 1e6}
+            other += op["self_ms_per_step"]
+    return {"heavy_s": heavy / 1e3, "elementwise_s": other / 1e3}
 
 
 def block_pass(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, compiled: bool = False):

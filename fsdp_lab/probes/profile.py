@@ -43,12 +43,14 @@ class ProfileWindow:
 def op_rows(averages, steps: int, device_type: str) -> list[dict]:
     """Every op's self time per step on the device (host on CPU), its total and its calls per step,
     largest first; ops that took no time of their own are left out. On a GPU an op's self time is
-    that of the kernels it launched itself, so the kernels are not listed again, nor are the spans
-    of record_function (the steps, FSDP's hooks): each kernel counts once, under its op."""
+    that of the kernels it launched itself, so the device's own events (the kernels, and the GPU-side
+    copies of record_function spans) are not listed again: each kernel counts once, under the host
+    event that launched it, an aten op or a record_function (inductor launches each of its kernels
+    inside one named after it; FSDP's and the steps' spans launch none themselves)."""
     on_device = device_type != "cpu"
     rows = []
     for avg in averages:
-        if avg.device_type != DeviceType.CPU or getattr(avg, "is_user_annotation", False):
+        if avg.device_type != DeviceType.CPU:
             continue
         self_us = avg.self_device_time_total if on_device else avg.self_cpu_time_total
         if self_us <= 0:
