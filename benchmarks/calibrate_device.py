@@ -159,9 +159,8 @@ def main() -> None:
             blocks = elementwise_blocks(device, quick=args.quick or not cuda)
     dist.destroy_process_group()  # the plan's trace below runs on a fake process group of its own
     if rank == 0:
-        from fsdp_lab.plan.host import fit_host, traced_counts
-
         from fsdp_lab.plan.device import Device
+        from fsdp_lab.plan.host import fit_host, traced_counts
 
         table["host"] = {**fit_host(step_s, traced_counts(world)), "measured_on": f"{name} x{world}, torch {torch.__version__}"}
         if not args.host_only and blocks:  # priced by the plan's trace, at this table's bandwidth

@@ -30,6 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from lab import run_lab  # noqa: E402
+from yardstick_loop import SHAPE  # noqa: E402  (benchmarks/, this script's directory)
 
 SHAPES = {
     "1b": {},  # the experiment's own: dim 2048, 16 layers, 16 heads, ffn 5632, vocab 32000, seq 2048, batch 4
@@ -40,13 +41,11 @@ SHAPES = {
 }
 LAB_KEY = {"seq_len": "train.seq_len", "batch_size": "train.batch_size", "steps": "train.steps",
            "warmup": "probes.perf.warmup_steps"}
-WARMUP = 5
-"""bench_llama1b's and the yardsticks' warm-up steps, unless a shape sets its own."""
 PEERS = ("lab", "torchtitan", "hand-written")
 SCRIPT = {"torchtitan": "benchmarks/torchtitan_yardstick.py", "hand-written": "benchmarks/fsdp2_yardstick.py"}
 
 
-def lab(overrides: list[str], profile_dir: Path | None = None, warmup: int = WARMUP) -> dict:
+def lab(overrides: list[str], warmup: int, profile_dir: Path | None = None) -> dict:
     """tokens/s, MFU and peak memory of `python -m fsdp_lab +experiment=bench_llama1b OVERRIDES`;
     with `profile_dir`, its profile/ of the last 2 warm-up steps (as the peers') copied there."""
     if profile_dir:
@@ -88,7 +87,9 @@ def main() -> None:
     peers = [name for name in PEERS if name in a.peers.split(",")]
     if a.ac != "none" and "hand-written" in peers:
         p.error(f"--ac={a.ac}: the hand-written loop has no activation checkpointing; leave it out of --peers")
-    shape = SHAPES[a.shape]
+    # The yardsticks' warm-up unless the shape sets one, given to the lab too: both time, and
+    # profile, the same steps.
+    shape = {"warmup": dict(SHAPE)["warmup"], **SHAPES[a.shape]}
     gpus = torch.cuda.device_count() or 2  # 2 gloo ranks on a CPU-only machine
     lab_overrides = [f"{LAB_KEY.get(k, 'model.' + k)}={v}" for k, v in shape.items()] + extra
     args = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
@@ -104,7 +105,7 @@ def main() -> None:
         for name in peers:
             profile_dir = a.profile / name if a.profile and run == 0 else None
             if name == "lab":
-                figures = lab(lab_overrides, profile_dir, shape.get("warmup", WARMUP))
+                figures = lab(lab_overrides, shape["warmup"], profile_dir)
             else:
                 figures = peer(name, gpus, args + ([f"--profile={profile_dir}"] if profile_dir else []), a.peer_path)
             runs[name].append(figures)

@@ -27,8 +27,8 @@ class RotaryTables:
     the table's (every head has the same values).
 
     `broadcast`: keep them (1, seq, 1, head_dim) instead, for compiled blocks: inductor fuses the
-    rotation into its neighbours' kernels, where broadcast tables cost nothing, and the full ones
-    would only cost memory (67 MiB at that shape) and reads."""
+    rotation into its neighbours' kernels, so the full tables would only add memory (64 MiB at that
+    shape) and reads."""
 
     def __init__(self, head_dim: int, n_heads: int, base: float = 10000.0, broadcast: bool = False):
         self.head_dim, self.n_heads, self.base, self.broadcast = head_dim, n_heads, base, broadcast

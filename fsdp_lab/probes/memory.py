@@ -50,6 +50,8 @@ class PhaseMemory:
         self.phase_max: dict[str, float] = {}
         self.peak_mib = 0.0
         self.reserved_peak_mib = 0.0
+        self._settled: dict[str, int] = {}
+        """On CPU: each phase's settled count, as the step before left it."""
         self._own_tracker: MemTracker | None = None
         self._tracker: MemTracker | None = None
         if self.on_gpu:
@@ -82,18 +84,23 @@ class PhaseMemory:
             self.readings[phase] = stats["allocated_bytes"]["all"]["current"] / MIB
             self.reserved[phase] = stats["reserved_bytes"]["all"]["current"] / MIB
             return
-        self.readings[phase] = self._settled_total() / MIB
+        self._settled[phase] = self._settled_total(self._settled.get(phase))
+        self.readings[phase] = self._settled[phase] / MIB
         if self._tracker is self._own_tracker and phase in ("start", "after_bwd"):
             # A forward follows; MemTracker refuses a root module's second forward (the next
             # microbatch or step) unless its per-module statistics, unused here, are cleared.
             self._tracker.reset_mod_stats()
 
-    def _settled_total(self) -> int:
+    def _settled_total(self, before: int | None) -> int:
         """The tracker's count once gloo's worker threads have let go of finished collectives'
         buffers: a thread drops its reference to a work's tensors just after the work completes, so
         a read right after `wait()` may still count them (tens of KiB, now and then: phases_stable
-        failed 1 run in 3). Re-read every millisecond until two reads agree (at most SETTLE_READS)."""
+        failed 1 run in 3). A count equal to the phase's settled one at the step before (`before`)
+        holds nothing over and is taken at once, so a steady step pays no wait; any other is re-read
+        every millisecond until two reads agree (at most SETTLE_READS)."""
         total = tracker_total(self._tracker, self.device)
+        if total == before:
+            return total
         for _ in range(SETTLE_READS):
             time.sleep(1e-3)
             again = tracker_total(self._tracker, self.device)
