@@ -86,7 +86,7 @@ def main() -> None:
     device, dtype = torch.device("cuda"), torch.bfloat16
     x = torch.randn(a.batch, a.seq, a.heads, a.head_dim, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
-    cos, sin = RotaryTables(a.head_dim, a.heads)(a.batch, a.seq, device, dtype)
+    cos, sin = RotaryTables(a.head_dim)(a.batch, a.seq, a.heads, device, dtype)
     reference = apply_rotary(x, cos, sin)
     (ref_grad,) = torch.autograd.grad(reference, x, grad)
     print(f"{'form':48} {'ms fwd+bwd':>11} {'bit for bit':>12}")

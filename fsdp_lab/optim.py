@@ -112,11 +112,15 @@ def grad_norm(model: nn.Module, device: torch.device, pp_group=None) -> torch.Te
     return sq.sqrt()
 
 
+def clip_coefficient(max_norm: float, total_norm: torch.Tensor) -> torch.Tensor:
+    """The factor that brings a gradient of norm `total_norm` down to `max_norm` (1 when within it)."""
+    return torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+
+
 @torch.no_grad()
-def clip_to(model: nn.Module, max_norm: float, total_norm: torch.Tensor) -> None:
-    """Scale every local gradient by max_norm / total_norm when the total exceeds max_norm: one
-    multi-tensor kernel per device and dtype (offloaded gradients live on the CPU)."""
-    coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+def clip_to(model: nn.Module, coef: torch.Tensor) -> None:
+    """Scale every local gradient by `coef`: one multi-tensor kernel per device and dtype (offloaded
+    gradients live on the CPU)."""
     groups: dict[tuple, list[torch.Tensor]] = {}
     for p in model.parameters():
         if p.grad is not None:
@@ -124,6 +128,10 @@ def clip_to(model: nn.Module, max_norm: float, total_norm: torch.Tensor) -> None
             groups.setdefault((g.device, g.dtype), []).append(g)
     for (device, dtype), grads in groups.items():
         torch._foreach_mul_(grads, coef.to(device=device, dtype=dtype))
+
+
+def _forget_grad_scale(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    optimizer.__dict__.pop("grad_scale", None)
 
 
 @dataclass
@@ -142,15 +150,34 @@ class Optimization:
         optimizer = build_optimizer(model.parameters(), cfg, device)
         return cls(model, optimizer, build_scheduler(optimizer, cfg, total_steps), cfg.max_norm, device, pp_group)
 
+    def __post_init__(self):
+        if self.folds_clipping:
+            # The clipping factor is for the step right after the clip, not for a step taken
+            # without one (train.standalone_layer's).
+            self.optimizer.register_step_post_hook(_forget_grad_scale)
+
+    @property
+    def folds_clipping(self) -> bool:
+        """Whether the optimizer's own kernel applies the clipping: a fused optimizer divides every
+        gradient by its `grad_scale` as it reads it (the hook GradScaler unscales through), which
+        spares clipping its own pass over the gradients: 2 ms of a 115 ms step at the 0.95B
+        benchmark's shape on one H200, where the float32 gradients are 3.8 GB."""
+        return self.max_norm is not None and getattr(self.optimizer, "_step_supports_amp_scaling", False)
+
     @property
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
     def clip(self) -> torch.Tensor:
-        """The pre-clip total gradient norm; the gradients are clipped to max_norm if it is set."""
+        """The pre-clip total gradient norm; the gradients are clipped to max_norm if it is set, by
+        the next optimizer step itself where it folds clipping in."""
         norm = grad_norm(self.model, self.device, self.pp_group)
         if self.max_norm is not None:
-            clip_to(self.model, self.max_norm, norm)
+            coef = clip_coefficient(self.max_norm, norm)
+            if self.folds_clipping:
+                self.optimizer.grad_scale = coef.reciprocal().float()
+            else:
+                clip_to(self.model, coef)
         return norm
 
 

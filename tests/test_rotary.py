@@ -25,13 +25,11 @@ def pairwise_rotation(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 def test_rotary_is_the_pairwise_rotation_bit_for_bit(dtype):
     x = torch.randn(2, 37, 3, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
-    tables = RotaryTables(16, 3)(2, 37, x.device, dtype)
+    tables = RotaryTables(16)(2, 37, 3, x.device, dtype)
     assert all(t.shape == x.shape and t.is_contiguous() for t in tables), "laid out as x: no broadcasting"
     assert torch.equal(apply_rotary(x, *tables), pairwise_rotation(x))
     # Tables of another dtype are cast on the way in: the same result.
-    assert torch.equal(apply_rotary(x, *RotaryTables(16, 3)(2, 37, x.device, torch.float32)), pairwise_rotation(x))
-    # A tensor-parallel rank holds 1 of the 3 heads: the tables' first head serves it.
-    assert torch.equal(apply_rotary(x[:, :, 1:2], *tables), pairwise_rotation(x[:, :, 1:2]))
+    assert torch.equal(apply_rotary(x, *RotaryTables(16)(2, 37, 3, x.device, torch.float32)), pairwise_rotation(x))
 
 
 def test_the_tables_are_computed_once_per_length_device_and_dtype():
@@ -39,7 +37,8 @@ def test_the_tables_are_computed_once_per_length_device_and_dtype():
     model = Transformer(TransformerConfig(dim=32, n_layers=2, n_heads=4, ffn_dim=64, vocab_size=50))
     tokens = torch.randint(0, 50, (2, 8))
     model(tokens).sum().backward()
-    first = model.rotary(2, 8, tokens.device, torch.float32)
+    first = model.rotary(2, 8, 8, tokens.device, torch.float32)
     model(tokens)
-    assert list(model.rotary._tables) == [((2, 8, 4, 8), tokens.device, torch.float32)]
-    assert all(a is b for a, b in zip(model.rotary(2, 8, tokens.device, torch.float32), first))
+    # One table for q's and k's 4 heads each, which the attention rotates together.
+    assert list(model.rotary._tables) == [((2, 8, 8, 8), tokens.device, torch.float32)]
+    assert all(a is b for a, b in zip(model.rotary(2, 8, 8, tokens.device, torch.float32), first))

@@ -9,9 +9,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from fsdp_lab.config import TransformerConfig
 from fsdp_lab.models.blocks import call_block, repeated_block_params
+from fsdp_lab.models.joint_linear import joint_linear
 
 
 class RotaryTables:
@@ -23,19 +25,19 @@ class RotaryTables:
     rotation's products is then contiguous, so the GPU's elementwise kernels vectorize; tables of
     shape (seq, 1, head_dim) broadcast instead, and the rotary's forward and backward took 0.378 ms
     per call against 0.268 ms at the speed benchmark's shape (benchmarks/rotary_forms.py, one H200).
-    Under tensor parallelism a rank rotates a slice of the heads: `apply_rotary` takes that many of
-    the table's (every head has the same values).
+    `heads`: as many as one rotary call rotates (`Attention.rotated_heads`), so that the tables match
+    the activations exactly: q's and k's heads together, or under tensor parallelism a rank's share.
 
     `broadcast`: keep them (1, seq, 1, head_dim) instead, for compiled blocks: inductor fuses the
     rotation into its neighbours' kernels, so the full tables would only add memory (64 MiB at that
     shape) and reads."""
 
-    def __init__(self, head_dim: int, n_heads: int, base: float = 10000.0, broadcast: bool = False):
-        self.head_dim, self.n_heads, self.base, self.broadcast = head_dim, n_heads, base, broadcast
+    def __init__(self, head_dim: int, base: float = 10000.0, broadcast: bool = False):
+        self.head_dim, self.base, self.broadcast = head_dim, base, broadcast
         self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def __call__(self, batch: int, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (1, seq_len, 1, self.head_dim) if self.broadcast else (batch, seq_len, self.n_heads, self.head_dim)
+    def __call__(self, batch: int, seq_len: int, heads: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (1, seq_len, 1, self.head_dim) if self.broadcast else (batch, seq_len, heads, self.head_dim)
         key = (shape, device, dtype)
         if key not in self._tables:
             inv_freq = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32) / self.head_dim))
@@ -49,12 +51,9 @@ class RotaryTables:
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each (even, odd) pair of x's last dimension, x: (batch, seq, heads, head_dim):
     (x1 cos - x2 sin, x1 sin + x2 cos), the same products and sums in x's dtype as the pairwise
-    form, in 4 elementwise kernels instead of 7. The tables may hold more heads than x (a tensor-
-    parallel rank's slice): x's count is taken."""
+    form, in 4 elementwise kernels instead of 7."""
     if cos.dtype != x.dtype:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    if cos.shape[2] > x.shape[2]:
-        cos, sin = cos[:, :, : x.shape[2]], sin[:, :, : x.shape[2]]
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x2, x1) in each pair
     return x * cos + swapped * sin
 
@@ -62,17 +61,33 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Attention(nn.Module):
     def __init__(self, dim: int, n_heads: int):
         super().__init__()
-        self.head_dim = dim // n_heads
+        self.n_heads, self.head_dim = n_heads, dim // n_heads
         self.wq = nn.Linear(dim, dim, bias=False)
         self.wk = nn.Linear(dim, dim, bias=False)
         self.wv = nn.Linear(dim, dim, bias=False)
         self.wo = nn.Linear(dim, dim, bias=False)
 
+    @property
+    def rotated_heads(self) -> int:
+        """Heads one rotary call rotates: q's and k's together, or under tensor parallelism (each
+        projection its own column-wise module, see forward) a rank's share of q's."""
+        w = self.wq.weight
+        if isinstance(w, DTensor) and "tp" in (w.device_mesh.mesh_dim_names or ()):
+            return self.n_heads // w.device_mesh["tp"].size()
+        return 2 * self.n_heads
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
-        q, k, v = (w(x).view(bsz, seq, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        heads = lambda t: t.view(bsz, seq, -1, self.head_dim)  # noqa: E731
         # Rotated before the heads move in front of the sequence: contiguous rows, no strided lanes.
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if isinstance(self.wq.weight, DTensor):  # tensor parallel: each projection its column-wise module
+            q, k = (apply_rotary(heads(w(x)), cos, sin) for w in (self.wq, self.wk))
+        else:
+            # q and k in one matmul into one buffer, rotated together: half the rotary's kernels, each
+            # twice the size, and backward takes x's gradient in one matmul instead of two and a sum.
+            qk = heads(joint_linear(x, self.wq.weight, self.wk.weight))
+            q, k = apply_rotary(qk, cos, sin).chunk(2, dim=2)
+        v = heads(self.wv(x))
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
@@ -106,7 +121,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.dim // cfg.n_heads
-        self.rotary = RotaryTables(self.head_dim, cfg.n_heads, broadcast=cfg.compile)
+        self.rotary = RotaryTables(self.head_dim, broadcast=cfg.compile)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(
             TransformerBlock(cfg.dim, cfg.n_heads, cfg.ffn_dim, cfg.norm_eps) for _ in range(cfg.n_layers)
@@ -123,7 +138,7 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
-        cos, sin = self.rotary(*tokens.shape, h.device, h.dtype)
+        cos, sin = self.rotary(*tokens.shape, self.layers[0].attention.rotated_heads, h.device, h.dtype)
         for i in self.layer_order:
             h = call_block(self, i, self.layers[i], h, cos, sin)
         return self.output(self.norm(h))

@@ -60,9 +60,8 @@ def block_pass(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, comp
     the rotary tables the model gives an eager or a compiled block)."""
     from fsdp_lab.models.transformer import RotaryTables
 
-    head_dim = block.attention.head_dim
-    tables = RotaryTables(head_dim, x.shape[-1] // head_dim, broadcast=compiled)
-    cos, sin = tables(x.shape[0], x.shape[1], x.device, x.dtype)
+    tables = RotaryTables(block.attention.head_dim, broadcast=compiled)
+    cos, sin = tables(x.shape[0], x.shape[1], block.attention.rotated_heads, x.device, x.dtype)
     params = list(block.parameters())
 
     def run():
