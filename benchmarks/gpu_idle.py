@@ -1,0 +1,81 @@
+"""Where the GPU waits for the host, from a profiler trace (probes.profile's profile/trace_rank<R>.json,
+or speed.py --profile's): every gap between the device's kernels and copies inside the profiled steps,
+charged to what the host was running when the gap began (the innermost host annotation, such as
+`FSDP::pre_forward (layers.3)`, with digits folded so the blocks add up, and the innermost aten op).
+
+    python benchmarks/gpu_idle.py TRACE [--top 25] [--min-us 2]
+
+A gap charged to an FSDP hook is host time that the hook spends while the device has run out of
+work; one charged to a plain aten op (aten::mm, aten::mul) is the dispatch of the ops themselves:
+a step that is bound by its host rather than its device."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def busy_intervals(events: list[dict]) -> list[tuple[float, float]]:
+    """The device's busy time, streams merged: sorted, disjoint (start, end) in µs."""
+    spans = sorted((e["ts"], e["ts"] + e.get("dur", 0.0)) for e in events if e.get("cat") in DEVICE_CATEGORIES)
+    merged: list[list[float]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def innermost(spans: list[dict], t: float) -> str | None:
+    """The name of the shortest span that holds time t."""
+    holding = [s for s in spans if s["ts"] <= t < s["ts"] + s.get("dur", 0.0)]
+    return min(holding, key=lambda s: s.get("dur", 0.0))["name"] if holding else None
+
+
+def idle_by_host_activity(trace: dict, min_us: float) -> tuple[float, float, dict[str, float]]:
+    """(profiled steps' µs, idle µs, {host annotation | aten op: idle µs}) over the `step N` spans."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    steps = [e for e in events if e.get("cat") == "user_annotation" and re.fullmatch(r"step \d+", e["name"])]
+    annotations = [e for e in events if e.get("cat") == "user_annotation" and e not in steps]
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    busy = busy_intervals(events)
+    total = idle = 0.0
+    charged: dict[str, float] = defaultdict(float)
+    for step in steps:
+        start, end = step["ts"], step["ts"] + step["dur"]
+        inside = [(max(s, start), min(e, end)) for s, e in busy if e > start and s < end]
+        if not inside:
+            continue
+        total += inside[-1][1] - inside[0][0]
+        for (_, gap_start), (gap_end, _) in zip(inside, inside[1:]):
+            if gap_end - gap_start < min_us:
+                continue
+            idle += gap_end - gap_start
+            where = re.sub(r"\d+", "N", innermost(annotations, gap_start) or "-")
+            charged[f"{where}  /  {innermost(ops, gap_start) or '-'}"] += gap_end - gap_start
+    return total, idle, charged
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace", type=Path)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--min-us", type=float, default=2.0, help="gaps shorter than this are launch latency, not counted")
+    a = p.parse_args()
+    total, idle, charged = idle_by_host_activity(json.loads(a.trace.read_text()), a.min_us)
+    if not total:
+        raise SystemExit(f"{a.trace}: no device kernels inside a `step N` span (a CPU run's trace has none)")
+    print(f"device span of the profiled steps {total / 1e3:.2f} ms, idle {idle / 1e3:.2f} ms ({idle / total:.1%})")
+    print(f"{'idle ms':>9}  host annotation  /  aten op")
+    for name, us in sorted(charged.items(), key=lambda kv: -kv[1])[: a.top]:
+        print(f"{us / 1e3:9.3f}  {name}")
+
+
+if __name__ == "__main__":
+    main()
