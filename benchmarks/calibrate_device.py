@@ -2,9 +2,10 @@
 memory bandwidth by size (each timed in bursts of back-to-back calls: steady throughput), a block's
 elementwise time eager and compiled (fsdp_lab/plan/elementwise.py), NCCL all-gather,
 reduce-scatter and all-reduce time by message size over the GPUs of this node, and the host's time to
-issue a step (fsdp_lab/plan/host.py: a tiny model's steps through the lab's own trainer, per op
-dispatched, per TP matmul, per compiled kernel, per accumulated microbatch, per checkpointed block,
-eager and compiled).
+issue a step (fsdp_lab/plan/host.py: a Llama's steps through the lab's own trainer, timed on the
+host to the step's last op, per op dispatched, per TP matmul, per compiled kernel, per accumulated
+microbatch, per checkpointed block, eager and compiled); and the optimizer's step (fused AdamW and the
+gradient norm the trainer takes) per parameter.
 
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --out fsdp_lab/plan/devices/h200.json
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --host-only --out fsdp_lab/plan/devices/h200.json
@@ -34,6 +35,11 @@ MATMULS = [  # (M, N, K): tokens x out x in, the shapes of a Llama block's proje
 ] + [(512, 2048, 2048), (2048, 2048, 8192), (2048, 2048, 32768)]
 ATTENTION = [(b, h, s, d) for b, s in ((1, 1024), (4, 1024), (1, 2048), (4, 2048), (2, 4096)) for h, d in ((16, 128), (8, 128), (32, 64))]
 BANDWIDTH_MIB = (1, 8, 64, 512)
+# Parameters the optimizer's step is timed over: a Llama block's tensors (dim 2048, ffn 5632) x 8, 0.41B
+# (1.6 GB of float32 each for parameters, gradients and both moments): long enough on the GPU that a
+# burst's launches stay ahead of it.
+OPTIMIZER_PARAMS = {False: (2048 * 2048, 2048 * 2048, 2048 * 2048, 2048 * 2048, 5632 * 2048, 5632 * 2048, 5632 * 2048, 2048, 2048) * 8,
+                    True: (4096, 1024, 64) * 2}
 COLLECTIVE_MIB = (1, 8, 64, 256)
 BURST = 20  # calls per timed burst
 SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU clock ahead of a burst: longer than the host takes to queue it
@@ -102,18 +108,41 @@ def bandwidth(device, sizes_mib, iters):
     return rows
 
 
-def host_step_times(world: int) -> dict[str, float]:
-    """The tiny model's timed runs (fsdp_lab/plan/host.py) in these ranks: seconds per step by run."""
+def optimizer_step(device, sizes: tuple[int, ...], iters: int) -> dict:
+    """Seconds per parameter of the optimizer's step as the trainer takes it: the gradient norm, then
+    fused AdamW (on CUDA; foreach elsewhere) over float32 parameters of these sizes. Its multi-tensor
+    kernels run below a copy's bandwidth, so the bytes they move would price them short."""
+    from torch import nn
+
+    from fsdp_lab.config import OptimConfig
+    from fsdp_lab.optim import build_optimizer, grad_norm
+
+    params = nn.ParameterList(nn.Parameter(torch.zeros(n, device=device)) for n in sizes)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = build_optimizer(params.parameters(), OptimConfig(), device)  # the lab's default: AdamW
+
+    def step():
+        grad_norm(params, device)
+        optimizer.step()
+
+    s = timed(step, iters, device)
+    return {"params": sum(sizes), "tensors": len(sizes), "s": s, "s_per_param": s / sum(sizes)}
+
+
+def host_step_times(world: int, quick: bool) -> dict[str, float]:
+    """The host model's timed runs (fsdp_lab/plan/host.py) in these ranks: the host's seconds to issue
+    a step, by run."""
     from fsdp_lab.plan.host import host_runs
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from runs_in_ranks import run_all
 
-    rows = run_all(host_runs(world))
+    rows = run_all(host_runs(world, quick))
     failed = [r for r in rows if "error" in r]
     if failed:
         raise RuntimeError(f"host runs failed: {failed}")
-    return {r["config"]: r["step_time_s"] for r in rows}
+    return {r["config"]: r["host_step_s"] for r in rows}
 
 
 def collectives(device, world: int, sizes_mib, iters):
@@ -145,24 +174,25 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     out = Path(args.out)
     table = json.loads(out.read_text()) if out.exists() else {"name": name}  # what is not measured here is kept
+    quick = args.quick or not cuda
     if not args.host_only:
         table.update(torch=torch.__version__, measured=True)
-        measure_kernels(table, device, rank, world, quick=args.quick or not cuda)
+        measure_kernels(table, device, rank, world, quick=quick)
         table["source"] = (f"measured on {name} x{world} (torch {torch.__version__}) by benchmarks/calibrate_device.py, kernels timed "
                            f"in bursts of {BURST} calls" + ("" if world > 1 else "; collectives kept from the table's earlier "
                                                             "calibration (one GPU cannot measure them)"))
-    step_s = host_step_times(world)
+    host_s = host_step_times(world, quick)
     blocks: list[dict] = []
     if rank == 0:
-        print(json.dumps({"host_step_s": step_s}), flush=True)
+        print(json.dumps({"host_step_s": host_s}), flush=True)
         if not args.host_only:  # after the host's runs: they are timed without the profiler ever started
-            blocks = elementwise_blocks(device, quick=args.quick or not cuda)
+            blocks = elementwise_blocks(device, quick=quick)
     dist.destroy_process_group()  # the plan's trace below runs on a fake process group of its own
     if rank == 0:
         from fsdp_lab.plan.device import Device
         from fsdp_lab.plan.host import fit_host, traced_counts
 
-        table["host"] = {**fit_host(step_s, traced_counts(world)), "measured_on": f"{name} x{world}, torch {torch.__version__}"}
+        table["host"] = {**fit_host(host_s, traced_counts(quick)), "measured_on": f"{name} x{world}, torch {torch.__version__}"}
         if not args.host_only and blocks:  # priced by the plan's trace, at this table's bandwidth
             table["elementwise"] = fit_elementwise(blocks, Device(name, table))
         out.write_text(json.dumps(table, indent=1))
@@ -194,6 +224,7 @@ def measure_kernels(table: dict, device, rank: int, world: int, quick: bool) -> 
                            "float32": matmuls(device, torch.float32, mm_shapes[::4], iters)}
         table["attention"] = {"bfloat16": attention(device, torch.bfloat16, attn_shapes, iters)}
         table["bandwidth"] = bandwidth(device, bw_sizes, iters)
+        table["optimizer"] = optimizer_step(device, OPTIMIZER_PARAMS[quick], iters)
         if device.type == "cuda":
             table["memory_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
         print(f"compute measured in {time.perf_counter() - t0:.1f}s", flush=True)

@@ -71,7 +71,7 @@ def predict(rows: list[dict], device: str, gpus_per_node: int) -> list[dict]:
 
     for row in rows:
         p = predict_overrides(row["overrides"], world_size=row.get("world_size", 2), device=device, gpus_per_node=gpus_per_node)
-        row.update(predicted_step_time_s=p["step_time_s"], predicted_peak_mib=p["peak_mib"], host_bound=p["host_bound"])
+        row.update(predicted_step_time_s=p["step_time_s"], predicted_host_s=p["host_s"], predicted_peak_mib=p["peak_mib"], host_bound=p["host_bound"])
         if row.get("step_time_s"):
             row["error"] = p["step_time_s"] / row["step_time_s"] - 1
     return rows
@@ -80,16 +80,17 @@ def predict(rows: list[dict], device: str, gpus_per_node: int) -> list[dict]:
 def markdown(rows: list[dict], device: str) -> str:
     worlds = sorted({r.get("world_size", 2) for r in rows})
     lines = [f"Predicted ({device} table) vs measured step time and peak memory per GPU; GPUs per run: {'/'.join(map(str, worlds))}.", "",
-             "| config | measured step (ms) | predicted (ms) | error | measured peak MiB | predicted MiB | host-bound |",
-             "|---|---|---|---|---|---|---|"]
+             "| config | measured step (ms) | predicted (ms) | error | measured host (ms) | predicted host (ms) | measured peak MiB | predicted MiB | host-bound |",
+             "|---|---|---|---|---|---|---|---|---|"]
     errors = []
     for r in rows:
         if "step_time_s" not in r:
-            lines.append(f"| {r['config']} | failed: {r.get('error')} | | | | | |")
+            lines.append(f"| {r['config']} | failed: {r.get('error')} | | | | | | | |")
             continue
         errors.append(abs(r["error"]))
+        host = f"{r['host_step_s'] * 1e3:.1f}" if r.get("host_step_s") else ""  # rows measured before perf.host_step_s: none
         lines.append(f"| {r['config']} | {r['step_time_s'] * 1e3:.1f} | {r['predicted_step_time_s'] * 1e3:.1f} | {r['error']:+.1%} "
-                     f"| {r['peak_mib']:.0f} | {r['predicted_peak_mib']:.0f} | {'yes' if r['host_bound'] else ''} |")
+                     f"| {host} | {r['predicted_host_s'] * 1e3:.1f} | {r['peak_mib']:.0f} | {r['predicted_peak_mib']:.0f} | {'yes' if r['host_bound'] else ''} |")
     if errors:
         lines += ["", f"median |error| {statistics.median(errors):.1%}, max {max(errors):.1%}, over {len(errors)} configurations"]
     return "\n".join(lines)

@@ -44,7 +44,7 @@ def run_once(overrides: list[str], ctx) -> dict:
 
 
 def run_all(runs: list[tuple[str, list[str]]], on_row=None) -> list[dict]:
-    """[(name, overrides)] -> a row per run: step_time_s, peak_mib, mfu, tokens_per_s, or error."""
+    """[(name, overrides)] -> a row per run: step_time_s, host_step_s, peak_mib, mfu, tokens_per_s, or error."""
     from fsdp_lab.dist import init_distributed, resolve_device_type
 
     ctx = init_distributed(resolve_device_type("auto"), 300)
@@ -53,8 +53,8 @@ def run_all(runs: list[tuple[str, list[str]]], on_row=None) -> list[dict]:
         row = {"config": name, "overrides": overrides}
         try:
             s = run_once(overrides, ctx)
-            row.update(step_time_s=s["perf"]["step_time_s"], peak_mib=s["memory"]["peak_mib"], mfu=s["perf"]["mfu"],
-                       tokens_per_s=s["perf"]["tokens_per_s"], world_size=s["world_size"])
+            row.update(step_time_s=s["perf"]["step_time_s"], host_step_s=s["perf"]["host_step_s"], peak_mib=s["memory"]["peak_mib"],
+                       mfu=s["perf"]["mfu"], tokens_per_s=s["perf"]["tokens_per_s"], world_size=s["world_size"])
         except Exception as e:  # noqa: BLE001 - the row reports it; the next run goes on
             traceback.print_exc()
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

@@ -45,6 +45,7 @@ SCHEMA: dict[str, str] = {
     "perf.tokens_per_s": "per device",
     "perf.mfu": "GPU with a known peak, else null",
     "perf.iteration_time_s": "the whole loop's turn",
+    "perf.host_step_s": "the host's time to issue the step (to zero_grad; before the loss's sync)",
     "frozen": "model.freeze: the frozen parameters' change (absent without model.freeze)",
     "frozen.params": "parameters frozen",
     "frozen.compared_numel": "elements compared over ranks",

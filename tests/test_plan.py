@@ -1,6 +1,7 @@
 """mode=plan in process: the meshes it enumerates, a 64-GPU plan within a minute, what does not fit
 never ranked first, plan.json's ready command lines, the cost model's direction on known cases, the
-host model (its fit from the calibration's tiny runs, host-bound steps) and the closed-form peaks."""
+host model (its fit from the calibration's host times, host-bound steps), the optimizer's measured
+time and the closed-form peaks."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from compose import compose_run
 from fsdp_lab.plan.cost import COMPILED_ELEMENTWISE, Layout, group_link, price, step_time
 from fsdp_lab.plan.device import Device, load_device
-from fsdp_lab.plan.host import DEPTHS, Counts, fit_host, host_runs
+from fsdp_lab.plan.host import DEPTHS, WIDTHS, Counts, fit_host, host_runs
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.run import PLAN_FILE, plan, run_plan
 from fsdp_lab.plan.search import _estimable, _estimated_peak_mib, layouts, meshes, rank
@@ -156,8 +157,8 @@ def test_the_estimate_s_own_refusals_decide_which_candidates_it_takes(planned):
     assert _estimated_peak_mib(run, pp) > 0
 
 
-def test_host_figures_are_recovered_from_the_tiny_runs_step_times():
-    """fit_host inverts the host model: step times made from known per-op, per-TP-matmul,
+def test_host_figures_are_recovered_from_the_runs_host_times():
+    """fit_host inverts the host model: host times made from known per-op, per-TP-matmul,
     per-compiled-kernel, per-accumulated-microbatch and per-checkpointed-block (eager and compiled)
     costs give those costs back (the AC runs' recomputed ops and kernels are in their own counts, so
     not in the per-block figures)."""
@@ -175,9 +176,9 @@ def test_host_figures_are_recovered_from_the_tiny_runs_step_times():
     def ac_compiled(L): return L * (30 * compiled_kernel_s + ac_compiled_block_s) + rest_ops * op_s + step_s
 
     runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2), ("ac", ac), ("ac compiled", ac_compiled))
-    step_times = {f"{name} {L}": f(L) for name, f in runs for L in DEPTHS}
-    assert {name for name, _ in host_runs(2)} == set(step_times)  # every run the calibration times is read
-    fitted = fit_host(step_times, counts)
+    host_times = {f"{name} {L}": f(L) for name, f in runs for L in DEPTHS}
+    assert {name for name, _ in host_runs(2)} == set(host_times)  # every run the calibration times is read
+    fitted = fit_host(host_times, counts)
     assert fitted["op_s"] == pytest.approx(op_s) and fitted["step_s"] == pytest.approx(step_s)
     assert fitted["tp_kernel_s"] == pytest.approx(tp_kernel_s) and fitted["tp_step_s"] == pytest.approx(tp_step_s)
     assert fitted["compiled_kernel_s"] == pytest.approx(compiled_kernel_s) and fitted["compiled_step_s"] == pytest.approx(0, abs=1e-12)
@@ -185,6 +186,22 @@ def test_host_figures_are_recovered_from_the_tiny_runs_step_times():
     assert fitted["ac_block_s"] == pytest.approx(ac_block_s)
     assert fitted["ac_compiled_block_s"] == pytest.approx(ac_compiled_block_s)
     assert fitted["traced"]["rest_kernels"] == 3 and hi - lo >= 4  # per-block figures over several blocks: noise divided
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_host_runs_are_one_model_at_a_planned_model_s_kernel_sizes(quick):
+    """Every timed run is the lab's own config of one model (the counts are traced from it), at the
+    planned models' widths on the device; the accumulation run doubles the batch, each of its two
+    microbatches the others' batch."""
+    runs = dict(host_runs(2, quick))
+    width = WIDTHS["quick" if quick else "device"]
+    for name, overrides in runs.items():
+        run = compose_run(*overrides)
+        assert (run.model.dim, run.train.seq_len) == (width["dim"], width["seq"])
+        assert run.train.batch_size // run.train.microbatches == width["batch"], name
+    assert compose_run(*runs["mb2 10"]).train.microbatches == 2
+    if not quick:  # a block's kernels take about what a 0.2-1B model's do, not microseconds
+        assert width["dim"] >= 1024 and width["seq"] * width["batch"] >= 4096
 
 
 def test_blocks_and_the_rest_add_up_to_the_whole_model_priced_op_by_op(planned):
@@ -300,7 +317,8 @@ def test_the_profiler_split_counts_matmuls_apart_from_elementwise_work():
 
 def test_a_slow_host_makes_the_step_host_bound(planned):
     """The same layout on a device whose host issues ops 100x slower: the step becomes the host's
-    time to issue it, and is marked; at the table's own host cost the 64-GPU best is GPU-bound."""
+    time to issue it, and is marked; when the host's own step work outlasts the GPU's backward, the
+    optimizer's time follows the host's (its kernels cannot start before the host launches them)."""
     run, candidates, _, _, predictor = planned
     layout = candidates[0].layout
     model = predictor.model(layout.ac)
@@ -310,3 +328,22 @@ def test_a_slow_host_makes_the_step_host_bound(planned):
     slowed = step_time(model, layout, slow, 8)
     assert slowed["host_bound"] and slowed["step_time_s"] == pytest.approx(slowed["host_s"], rel=0.05)
     assert slowed["step_time_s"] > 10 * fast["step_time_s"]
+    long_step = Device(device.name, {**device.table, "host": {**device.host, "step_s": 1.0}})
+    ended = step_time(model, layout, long_step, 8)
+    assert ended["host_bound"] and ended["step_time_s"] == pytest.approx(ended["host_s"] + ended["optimizer_s"], rel=1e-9)
+
+
+def test_a_table_s_timed_optimizer_step_prices_the_optimizer(planned):
+    """A table that timed the optimizer's step prices it per local parameter; one that did not prices
+    the bytes fused AdamW and the gradient norm move at the bandwidth."""
+    run, candidates, _, _, predictor = planned
+    layout = candidates[0].layout
+    model, device = predictor.model(layout.ac), predictor.device
+    assert "optimizer" not in device.table
+    timed = Device(device.name, {**device.table, "optimizer": {"s_per_param": 1e-9}})
+    by_bytes, by_time = step_time(model, layout, device, 8), step_time(model, layout, timed, 8)
+    local_params = by_time["optimizer_s"] / 1e-9  # the rank's shard: between an even split over every GPU and the whole model
+    total = model.block_params + model.other_params
+    assert total / layout.world <= local_params * (1 + 1e-9) and local_params < total
+    assert by_bytes["optimizer_s"] == pytest.approx(device.memory_s(local_params * 32))
+    assert by_time["step_time_s"] - by_bytes["step_time_s"] == pytest.approx(by_time["optimizer_s"] - by_bytes["optimizer_s"])

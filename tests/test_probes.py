@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,16 @@ def test_every_row_key_and_summary_section_is_declared_by_the_trainer_or_a_probe
     assert undeclared == {"step", "loss", "grad/norm", "lr"}, "only the trainer's own keys are left"
     sections = {k for p in trainer.probes for k in p.summary_keys}
     assert sections == {"parity", "memory", "perf"} and sections <= set(summary)
+
+
+def test_the_perf_probe_times_the_host_s_issue_of_every_step_apart_from_the_step(train):
+    """perf.host_step_s: the host's time to its last op (zero_grad), taken each step, within the step
+    time (which also waits for the loss); the median over the steps after warm-up, as the step time."""
+    trainer, rows, summary = train("probes.perf.warmup_steps=1")
+    probe = next(p for p in trainer.probes if p.summary_keys == ("perf",))
+    host = probe.throughput.host_times
+    assert len(host) == len(rows) == 3 and all(0 < h <= r["perf/step_time_s"] for h, r in zip(host, rows))
+    assert summary["perf"]["host_step_s"] == pytest.approx(statistics.median(host[1:]))
 
 
 def test_the_profiler_records_exactly_its_window_of_steps(train, tmp_path):

@@ -88,6 +88,12 @@ class Device:
         leaves of it; None where the table has not measured it."""
         return self.table.get("elementwise", {}).get(figure)
 
+    def optimizer_s(self, params: float) -> float | None:
+        """The optimizer's step (the gradient norm, then fused AdamW) over `params` float32 parameters
+        at the table's measured time per parameter; None where the table has not measured it."""
+        measured = self.table.get("optimizer")
+        return params * measured["s_per_param"] if measured else None
+
     @property
     def host(self) -> dict:
         """Host seconds per op dispatched, per TP matmul, per compiled kernel, per checkpointed block

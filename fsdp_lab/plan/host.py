@@ -1,45 +1,59 @@
 """The host's cost of issuing a step, measured on the device by benchmarks/calibrate_device.py.
 
-A tiny Llama (its kernels take microseconds, so its step takes what the CPU takes to issue it) runs
-the lab's own trainer at two depths, eager, with TP and compiled. The step times' difference per
-block, divided by what the plan's trace counts in a block (ops dispatched; matmul and attention
-calls), gives seconds per op, the extra per TP matmul (DTensor dispatch, redistribution) and per
-compiled block's kernel (model.compile compiles the loss too, so the compiled runs price it); what
-is left at depth 2, less the model's other ops, is the step's own host work (gradient clipping, the
-optimizer's launch, zero_grad, the loss's sync, the probes). A run with two microbatches of one
-sample prices gradient accumulation: what its second microbatch costs beyond one more microbatch's
-ops, per block and for the rest. A run with activation checkpointing prices what AC adds per block
-beyond the ops the trace counts (the trace records the recomputed forward's ops in backward, so those
-are plain ops already): checkpoint's hooks and saved-tensor bookkeeping; compiled as well, beyond its
-compiled kernels. None of it comes from the configurations the plan is checked against."""
+A Llama of a planned model's kernel sizes (its block 1536 wide, 4 x 2048 tokens; a vocabulary of
+512 keeps the rest small) runs the lab's own trainer at two depths, eager, with TP and compiled;
+each run reports the host's time to issue a step (perf.host_step_s: from the step's start to its
+last op, before the loss's sync waits for the GPU), so the GPU's share of the step does not enter.
+The host's time per op grows with the kernels' size: a 256-wide model's steps, host-bound, priced
+150m and 1b steps 10-45% under their own host time (measured on an H200, per phase). The host
+times' difference per block, divided by what the plan's trace counts in a block (ops dispatched;
+matmul and attention calls), gives seconds per op, the extra per TP matmul (DTensor dispatch,
+redistribution) and per compiled block's kernel (model.compile compiles the loss too, so the
+compiled runs price it); what is left at depth 2, less the model's other ops, is the step's own host
+work (gradient clipping, the optimizer's launch, zero_grad, the probes). A run with two
+microbatches prices gradient accumulation: what its second microbatch costs beyond one more
+microbatch's ops, per block and for the rest. A run with activation checkpointing prices what AC
+adds per block beyond the ops the trace counts (the trace records the recomputed forward's ops in
+backward, so those are plain ops already): checkpoint's hooks and saved-tensor bookkeeping;
+compiled as well, beyond its compiled kernels. None of it comes from the configurations the plan
+is checked against."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Tiny, but of the planned models' structure: the op count of a block does not depend on its width.
-TINY_MODEL = ("model.dim=256", "model.n_layers={layers}", "model.n_heads=4", "model.ffn_dim=512", "model.vocab_size=512",
-              "train.seq_len=128", "train.batch_size=1", "fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32")
-# The median of 30 steps after 10 of warm-up: a host's step time wanders by tens of microseconds from
+# The op count of a block does not depend on its width: the widths only set the kernels' size.
+# `quick` (calibrate_device.py --quick, a CPU) runs the same structure at a width a CPU can train.
+WIDTHS = {"device": {"dim": 1536, "heads": 12, "ffn": 4096, "seq": 2048, "batch": 4},
+          "quick": {"dim": 256, "heads": 4, "ffn": 512, "seq": 128, "batch": 1}}
+HOST_MODEL = ("model.dim={dim}", "model.n_layers={layers}", "model.n_heads={heads}", "model.ffn_dim={ffn}", "model.vocab_size=512",
+              "train.seq_len={seq}", "fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32")
+# The median of 30 steps after 10 of warm-up: a host's time wanders by tens of microseconds from
 # step to step (scheduling, the allocator), and the figures are differences of two runs.
 TIMED = ("train.steps=40", "probes.perf.warmup_steps=10", "probes.parity.enabled=false", "logger=none")
 DEPTHS = (2, 10)  # 8 blocks apart: the per-block figures divide the runs' noise by 8
 VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true",),
-            "mb2": ("train.batch_size=2", "train.microbatches=2"),  # two microbatches of the eager run's one sample
+            "mb2": ("train.microbatches=2",),  # two microbatches of the eager run's samples (the batch doubles)
             "ac": ("ac=full",),  # every block checkpointed, as the plan's AC candidates run
             "ac compiled": ("ac=full", "model.compile=true")}  # ... and compiled, checkpoint inside the compiled block
 
 
-def host_runs(world_size: int) -> list[tuple[str, list[str]]]:
-    """(name, overrides) of the timed tiny runs; TP needs two ranks."""
+def model_overrides(layers: int, quick: bool = False) -> list[str]:
+    """The host model at `layers` blocks (its batch apart)."""
+    return [o.format(layers=layers, **WIDTHS["quick" if quick else "device"]) for o in HOST_MODEL]
+
+
+def host_runs(world_size: int, quick: bool = False) -> list[tuple[str, list[str]]]:
+    """(name, overrides) of the timed runs; TP needs two ranks."""
     variants = {k: v for k, v in VARIANTS.items() if k != "tp" or world_size >= 2}
-    return [(f"{v} {L}", [o.format(layers=L) for o in TINY_MODEL] + list(TIMED) + list(extra))
+    batch = WIDTHS["quick" if quick else "device"]["batch"]
+    return [(f"{v} {L}", model_overrides(L, quick) + list(TIMED) + [f"train.batch_size={batch * (2 if v == 'mb2' else 1)}", *extra])
             for v, extra in variants.items() for L in DEPTHS]
 
 
 @dataclass(frozen=True)
 class Counts:
-    """What the plan's trace of the tiny model counts per microbatch (forward and backward)."""
+    """What the plan's trace of the host model counts per microbatch (forward and backward)."""
 
     ops: int  # ops dispatched
     kernels: int  # matmul and attention calls
@@ -47,14 +61,14 @@ class Counts:
     ac_kernels: int  # ... and matmul and attention calls
 
 
-def traced_counts(world_size: int) -> dict[int, Counts]:
-    """The plan's trace of the tiny model at each depth (the same trace the cost model reads)."""
+def traced_counts(quick: bool = False) -> dict[int, Counts]:
+    """The plan's trace of the host model at each depth (the same trace the cost model reads)."""
     from fsdp_lab.plan.predict import run_of
     from fsdp_lab.plan.trace import trace_step
 
     out = {}
     for L in DEPTHS:
-        run = run_of([o.format(layers=L) for o in TINY_MODEL])
+        run = run_of(model_overrides(L, quick))
         t = trace_step(run, layers=L, batch=1, ac="none")
         ac = trace_step(run, layers=L, batch=1, ac="full")
         out[L] = Counts(t.host_ops["fwd"] + t.host_ops["bwd"], _kernels(t), ac.host_ops["fwd"] + ac.host_ops["bwd"], _kernels(ac))
@@ -65,8 +79,8 @@ def _kernels(trace) -> int:
     return sum(1 for op in trace.ops if op.kind != "mem" and op.phase in ("fwd", "bwd"))
 
 
-def fit_host(step_s: dict[str, float], counts: dict[int, Counts]) -> dict:
-    """The table's host section from the tiny runs' step seconds ({"eager 2": s, ...}) and the counts."""
+def fit_host(host_s: dict[str, float], counts: dict[int, Counts]) -> dict:
+    """The table's host section from the runs' host seconds per step ({"eager 2": s, ...}) and the counts."""
     lo, hi = DEPTHS
     blocks = hi - lo
     ops_block = (counts[hi].ops - counts[lo].ops) / blocks
@@ -77,25 +91,25 @@ def fit_host(step_s: dict[str, float], counts: dict[int, Counts]) -> dict:
     rest_kernels = counts[lo].kernels - lo * kernels_block
 
     def per_block(v):
-        return (step_s[f"{v} {hi}"] - step_s[f"{v} {lo}"]) / blocks
+        return (host_s[f"{v} {hi}"] - host_s[f"{v} {lo}"]) / blocks
 
     op_s = per_block("eager") / ops_block
-    out = {"op_s": op_s, "step_s": max(step_s[f"eager {lo}"] - counts[lo].ops * op_s, 0.0)}
-    if "tp 2" in step_s:
+    out = {"op_s": op_s, "step_s": max(host_s[f"eager {lo}"] - counts[lo].ops * op_s, 0.0)}
+    if "tp 2" in host_s:
         out["tp_kernel_s"] = max((per_block("tp") - per_block("eager")) / kernels_block, 0.0)
-        tp_fixed = step_s[f"tp {lo}"] - lo * per_block("tp") - rest_ops * op_s - rest_kernels * out["tp_kernel_s"]
+        tp_fixed = host_s[f"tp {lo}"] - lo * per_block("tp") - rest_ops * op_s - rest_kernels * out["tp_kernel_s"]
         out["tp_step_s"] = max(tp_fixed - out["step_s"], 0.0)
-    if "mb2 2" in step_s:  # the second microbatch beyond its own ops: accumulation, FSDP's extra unshard and sync
+    if "mb2 2" in host_s:  # the second microbatch beyond its own ops: accumulation, FSDP's extra unshard and sync
         out["microbatch_block_s"] = max(per_block("mb2") - 2 * per_block("eager"), 0.0)
-        out["microbatch_rest_s"] = max(step_s[f"mb2 {lo}"] - lo * per_block("mb2") - 2 * rest_ops * op_s - out["step_s"], 0.0)
-    if "ac 2" in step_s:  # a checkpointed block beyond its ops, the recomputed forward's among them
+        out["microbatch_rest_s"] = max(host_s[f"mb2 {lo}"] - lo * per_block("mb2") - 2 * rest_ops * op_s - out["step_s"], 0.0)
+    if "ac 2" in host_s:  # a checkpointed block beyond its ops, the recomputed forward's among them
         out["ac_block_s"] = max(per_block("ac") - ac_ops_block * op_s, 0.0)
     out["compiled_kernel_s"] = per_block("compiled") / kernels_block
-    if "ac compiled 2" in step_s:  # a compiled checkpointed block beyond its kernels (the recomputed ones included)
+    if "ac compiled 2" in host_s:  # a compiled checkpointed block beyond its kernels (the recomputed ones included)
         out["ac_compiled_block_s"] = max(per_block("ac compiled") - ac_kernels_block * out["compiled_kernel_s"], 0.0)
-    compiled_fixed = step_s[f"compiled {lo}"] - lo * per_block("compiled") - rest_ops * op_s
+    compiled_fixed = host_s[f"compiled {lo}"] - lo * per_block("compiled") - rest_ops * op_s
     out["compiled_step_s"] = max(compiled_fixed - out["step_s"], 0.0)
-    out["measured_step_s"] = step_s
+    out["measured_host_step_s"] = host_s
     out["traced"] = {"ops_per_block": ops_block, "kernels_per_block": kernels_block, "rest_ops": rest_ops, "rest_kernels": rest_kernels,
                      "ac_ops_per_block": ac_ops_block, "ac_kernels_per_block": ac_kernels_block}
     return out

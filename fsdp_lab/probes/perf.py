@@ -1,5 +1,6 @@
-"""Throughput: step time, tokens/s per device and, on GPUs with a known peak, MFU; and the
-iteration time, which adds what the loop does around the step (other probes, sinks, checkpoints)."""
+"""Throughput: step time, tokens/s per device and, on GPUs with a known peak, MFU; the iteration
+time, which adds what the loop does around the step (other probes, sinks, checkpoints); and the
+host's time to issue the step (to its last phase mark, before the loss's sync waits for the GPU)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ class Throughput:
         self.warmup_steps = warmup_steps
         self.step_times: list[float] = []
         self.iteration_times: list[float] = []
+        self.host_times: list[float] = []
+        """Per step: seconds from its start until the host has issued its last op (zero_grad done).
+        Where nothing in the step waits for the GPU before then (FSDP2 waits through streams, not
+        the host), it is the host's own time whether the GPU keeps up or not: the plan's host
+        calibration reads it (fsdp_lab/plan/host.py)."""
         self._last_metrics_at: float | None = None
 
     def metrics(self, step_time_s: float) -> dict[str, float | None]:
@@ -50,10 +56,12 @@ class Throughput:
         """Median over the steps after warm-up (all steps if the run is shorter than the warm-up)."""
         timed = self.step_times[self.warmup_steps :] or self.step_times
         if not timed:
-            return {"step_time_s": None, "tokens_per_s": None, "mfu": None, "iteration_time_s": None}
+            return {"step_time_s": None, "tokens_per_s": None, "mfu": None, "iteration_time_s": None, "host_step_s": None}
         # iteration_times[i] ends at step i + 2: the same warm-up is left out.
         iterations = self.iteration_times[max(self.warmup_steps - 1, 0) :] or self.iteration_times
+        host = self.host_times[self.warmup_steps :] or self.host_times
         return {
             **{k.split("/")[1]: v for k, v in self._figures(statistics.median(timed)).items()},
             "iteration_time_s": statistics.median(iterations) if iterations else None,
+            "host_step_s": statistics.median(host) if host else None,
         }

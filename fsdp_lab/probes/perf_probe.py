@@ -1,7 +1,10 @@
-"""The throughput probe (probes.perf.enabled): step time, tokens/s, MFU on GPUs with a known peak and
-the iteration time (fsdp_lab/probes/perf.py)."""
+"""The throughput probe (probes.perf.enabled): step time, tokens/s, MFU on GPUs with a known peak, the
+iteration time and the host's time to issue the step (fsdp_lab/probes/perf.py)."""
 
 from __future__ import annotations
+
+import contextlib
+import time
 
 from fsdp_lab.config import RunConfig
 from fsdp_lab.dist import DistContext
@@ -25,6 +28,15 @@ class ThroughputProbe(Probe):
             world_size=setup.dims.world_size, flops_per_token=setup.flops_per_token,
             device=setup.ctx.device, warmup_steps=run.probes.perf.warmup_steps,
         )
+
+    @contextlib.contextmanager
+    def around_step(self, step: int, batches):
+        self._step_start = time.perf_counter()
+        yield
+
+    def mark(self, phase: str) -> None:
+        if phase == "done":  # the step's last mark: zero_grad issued, the loss's sync still ahead
+            self.throughput.host_times.append(time.perf_counter() - self._step_start)
 
     def after_step(self, result: StepResult) -> dict:
         return self.throughput.metrics(result.step_time_s)
