@@ -132,8 +132,8 @@ def optimizer_step(device, sizes: tuple[int, ...], iters: int) -> dict:
 
 def host_step_times(world: int, quick: bool) -> dict[str, float]:
     """The host model's timed runs (fsdp_lab/plan/host.py) in these ranks: the host's seconds to issue
-    a step, by run."""
-    from fsdp_lab.plan.host import host_runs
+    a step, by run (the median of its rounds)."""
+    from fsdp_lab.plan.host import host_runs, host_times
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from runs_in_ranks import run_all
@@ -142,7 +142,7 @@ def host_step_times(world: int, quick: bool) -> dict[str, float]:
     failed = [r for r in rows if "error" in r]
     if failed:
         raise RuntimeError(f"host runs failed: {failed}")
-    return {r["config"]: r["host_step_s"] for r in rows}
+    return host_times(rows)
 
 
 def collectives(device, world: int, sizes_mib, iters):

@@ -16,7 +16,7 @@ import pytest
 from compose import compose_run
 from fsdp_lab.plan.cost import COMPILED_ELEMENTWISE, Layout, group_link, price, step_time
 from fsdp_lab.plan.device import Device, load_device
-from fsdp_lab.plan.host import DEPTHS, WIDTHS, Counts, fit_host, host_runs
+from fsdp_lab.plan.host import DEPTHS, ROUNDS, WIDTHS, Counts, fit_host, host_runs, host_times
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.run import PLAN_FILE, plan, run_plan
 from fsdp_lab.plan.search import _estimable, _estimated_peak_mib, layouts, meshes, rank
@@ -186,6 +186,18 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
     assert fitted["ac_block_s"] == pytest.approx(ac_block_s)
     assert fitted["ac_compiled_block_s"] == pytest.approx(ac_compiled_block_s)
     assert fitted["traced"]["rest_kernels"] == 3 and hi - lo >= 4  # per-block figures over several blocks: noise divided
+
+
+def test_eager_host_runs_are_timed_in_rounds_apart_and_their_median_taken():
+    """A host's speed moves from run to run: each eager run comes ROUNDS times, every run of a round
+    before the next round's, and its figure is the median of its rounds; compiled runs once."""
+    names = [name for name, _ in host_runs(2)]
+    eager = [n for n in dict.fromkeys(names) if not n.startswith(("compiled", "ac compiled"))]
+    assert ROUNDS >= 3 and all(names.count(n) == ROUNDS for n in eager)
+    assert names[: len(eager)] == names[len(eager) : 2 * len(eager)] == eager
+    assert names.count("compiled 10") == names.count("ac compiled 2") == 1
+    rows = [{"config": "eager 2", "host_step_s": s} for s in (0.9, 0.1, 0.2)] + [{"config": "compiled 2", "host_step_s": 0.4}]
+    assert host_times(rows) == {"eager 2": 0.2, "compiled 2": 0.4}
 
 
 @pytest.mark.parametrize("quick", [False, True])

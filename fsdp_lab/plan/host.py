@@ -20,6 +20,7 @@ is checked against."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 # The op count of a block does not depend on its width: the widths only set the kernels' size.
@@ -32,6 +33,10 @@ HOST_MODEL = ("model.dim={dim}", "model.n_layers={layers}", "model.n_heads={head
 # step to step (scheduling, the allocator), and the figures are differences of two runs.
 TIMED = ("train.steps=40", "probes.perf.warmup_steps=10", "probes.parity.enabled=false", "logger=none")
 DEPTHS = (2, 10)  # 8 blocks apart: the per-block figures divide the runs' noise by 8
+# A host's speed moves from run to run by 10-25% (on the H200 machines: two runs of one 1b layout
+# issued their steps in 77 and 93 ms): each eager run is timed in 3 rounds, apart in time, and its
+# median taken. Compiled runs compile anew each time (a minute for 3 rounds): timed once.
+ROUNDS = 3
 VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true",),
             "mb2": ("train.microbatches=2",),  # two microbatches of the eager run's samples (the batch doubles)
             "ac": ("ac=full",),  # every block checkpointed, as the plan's AC candidates run
@@ -44,11 +49,26 @@ def model_overrides(layers: int, quick: bool = False) -> list[str]:
 
 
 def host_runs(world_size: int, quick: bool = False) -> list[tuple[str, list[str]]]:
-    """(name, overrides) of the timed runs; TP needs two ranks."""
+    """(name, overrides) of the timed runs, the eager ones ROUNDS times over, round after round (a name
+    repeats: its figure is the median of its runs); TP needs two ranks."""
     variants = {k: v for k, v in VARIANTS.items() if k != "tp" or world_size >= 2}
     batch = WIDTHS["quick" if quick else "device"]["batch"]
-    return [(f"{v} {L}", model_overrides(L, quick) + list(TIMED) + [f"train.batch_size={batch * (2 if v == 'mb2' else 1)}", *extra])
-            for v, extra in variants.items() for L in DEPTHS]
+
+    def run(v, L):
+        return (f"{v} {L}", model_overrides(L, quick) + list(TIMED) + [f"train.batch_size={batch * (2 if v == 'mb2' else 1)}", *variants[v]])
+
+    eager = [run(v, L) for v in variants if "model.compile=true" not in variants[v] for L in DEPTHS]
+    compiled = [run(v, L) for v in variants if "model.compile=true" in variants[v] for L in DEPTHS]
+    return eager * ROUNDS + compiled
+
+
+def host_times(rows: list[dict]) -> dict[str, float]:
+    """The host's seconds per step by run name from the timed runs' rows (runs_in_ranks): a run timed
+    in several rounds, the median of its rounds."""
+    rounds: dict[str, list[float]] = {}
+    for r in rows:
+        rounds.setdefault(r["config"], []).append(r["host_step_s"])
+    return {name: statistics.median(times) for name, times in rounds.items()}
 
 
 @dataclass(frozen=True)
