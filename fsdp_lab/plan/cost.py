@@ -8,7 +8,8 @@ reduce-scatters run on a comm stream beside the compute, unit by unit, as FSDP2 
 (prefetching one unit ahead); PP runs a stage's share of the blocks with the schedule's bubble.
 The CPU issues every op, unit by unit, at the device table's measured host cost (fsdp_lab/plan/host.py):
 a unit's kernels finish no earlier than the host has issued them, so a step whose host work outruns
-its GPU work is host-bound, and one whose GPU work is longer hides the host's."""
+its GPU work is host-bound (its optimizer runs after the host's last launch), and one whose GPU work
+is longer hides the host's."""
 
 from __future__ import annotations
 

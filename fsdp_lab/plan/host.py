@@ -4,8 +4,8 @@ A Llama of a planned model's kernel sizes (its block 1536 wide, 4 x 2048 tokens;
 512 keeps the rest small) runs the lab's own trainer at two depths, eager, with TP and compiled;
 each run reports the host's time to issue a step (perf.host_step_s: from the step's start to its
 last op, before the loss's sync waits for the GPU), so the GPU's share of the step does not enter.
-The host's time per op grows with the kernels' size: a 256-wide model's steps, host-bound, priced
-150m and 1b steps 10-45% under their own host time (measured on an H200, per phase). The host
+The host's time per op grows with the kernels' size: a 256-wide model's host-bound steps priced the
+host of 150m and 1b models' steps 10-30% short (their host time measured on an H200). The host
 times' difference per block, divided by what the plan's trace counts in a block (ops dispatched;
 matmul and attention calls), gives seconds per op, the extra per TP matmul (DTensor dispatch,
 redistribution) and per compiled block's kernel (model.compile compiles the loss too, so the
