@@ -110,8 +110,9 @@ def bandwidth(device, sizes_mib, iters):
 
 def optimizer_step(device, sizes: tuple[int, ...], iters: int) -> dict:
     """Seconds per parameter of the optimizer's step as the trainer takes it: the gradient norm, then
-    fused AdamW (on CUDA; foreach elsewhere) over float32 parameters of these sizes. Its multi-tensor
-    kernels run below a copy's bandwidth, so the bytes they move would price them short."""
+    fused AdamW (on CUDA; foreach elsewhere) over float32 parameters of these sizes, unclipped (the
+    plan adds clipping's pass over the gradients by its bytes, fsdp_lab.plan.cost.CLIP_BYTES_PER_PARAM).
+    Its multi-tensor kernels run below a copy's bandwidth, so the bytes they move would price them short."""
     from torch import nn
 
     from fsdp_lab.config import OptimConfig

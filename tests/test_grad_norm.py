@@ -103,3 +103,32 @@ def test_a_step_without_a_clip_before_it_is_not_clipped():
     fused.optimizer.step()  # as train.standalone_layer's extra step: no clip before it
     for p, g in zip(fused.model.parameters(), unclipped):
         torch.testing.assert_close(p.grad, g, rtol=0, atol=0)
+
+
+def test_a_fused_step_of_sharded_parameters_clips_as_a_separate_pass(world_of_one):
+    def sharded_with_grads(fused: bool) -> Optimization:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4))
+        for layer in model:
+            fully_shard(layer, mesh=init_device_mesh("cpu", (1,)))
+        model(torch.randn(3, 8, generator=torch.Generator().manual_seed(1))).square().sum().mul(100).backward()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused, foreach=None if fused else True)
+        return Optimization(model, opt, None, 1.0, torch.device("cpu"))
+
+    fused, separate = sharded_with_grads(True), sharded_with_grads(False)
+    assert fused.folds_clipping
+    torch.testing.assert_close(fused.clip(), separate.clip(), rtol=0, atol=0)
+    fused.optimizer.step()
+    separate.optimizer.step()
+    for a, b in zip(fused.model.parameters(), separate.model.parameters()):
+        # The clipped gradients (Adam's update barely depends on their scale, so compare them too).
+        torch.testing.assert_close(a.grad.full_tensor(), b.grad.full_tensor(), rtol=1e-6, atol=0)
+        torch.testing.assert_close(a.full_tensor(), b.full_tensor(), rtol=1e-6, atol=1e-7)
+
+
+def test_parameters_away_from_the_norms_device_are_clipped_by_a_separate_pass():
+    """Offloaded parameters step on the CPU while the norm is on the GPU: the fused step would take
+    the factor from a copy it does not wait for."""
+    model = nn.Linear(4, 4)
+    opt = Optimization(model, torch.optim.AdamW(model.parameters(), fused=True), None, 1.0, torch.device("meta"))
+    assert not opt.folds_clipping

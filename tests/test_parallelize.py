@@ -240,3 +240,28 @@ def test_pipeline_gives_each_pp_rank_its_stage(built, rank, layers, first, last)
 def test_cast_after_sharding_turns_every_shard_to_the_dtype(built):
     _, _, model = built("fsdp.cast_after_sharding=float64")
     assert {p.to_local().dtype for p in model.parameters()} == {torch.float64}
+
+
+def loss_and_grad_norm(run, model: nn.Module) -> tuple[float, float]:
+    (inputs, targets), = batch(run, model)
+    loss = loss_fn(model(inputs), targets)
+    loss.backward()
+    grads = [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters() if p.grad is not None]
+    return float(loss), float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
+
+
+@pytest.mark.parametrize("engine", ["fsdp2", "fsdp1"])
+def test_q_and_k_as_their_own_units_train_as_within_a_block(on_one_rank, engine):
+    """The attention projects q and k in one matmul only where their linears are plain: as FSDP
+    units of their own (wrap=linear) each is called, its weight gathered, and the rotary tables
+    sized for q's heads alone."""
+    blocks = loss_and_grad_norm(*on_one_rank(f"mesh.engine={engine}"))
+    linears = loss_and_grad_norm(*on_one_rank(f"mesh.engine={engine}", "wrap=linear"))
+    assert linears == pytest.approx(blocks, rel=1e-5)
+
+
+@pytest.mark.parametrize("engine", ["fsdp2", "fsdp1"])
+def test_q_and_k_as_their_own_units_run_sharded_over_two_ranks(built, engine):
+    run, _, model = built(f"mesh.engine={engine}", "wrap=linear")
+    (inputs, targets), = batch(run, model)
+    loss_fn(model(inputs), targets).backward()  # each gathers its own weight: no shape left unsharded

@@ -176,9 +176,9 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
     def ac_compiled(L): return L * (30 * compiled_kernel_s + ac_compiled_block_s) + rest_ops * op_s + step_s
 
     runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2), ("ac", ac), ("ac compiled", ac_compiled))
-    host_times = {f"{name} {L}": f(L) for name, f in runs for L in DEPTHS}
-    assert {name for name, _ in host_runs(2)} == set(host_times)  # every run the calibration times is read
-    fitted = fit_host(host_times, counts)
+    timed = {f"{name} {L}": f(L) for name, f in runs for L in DEPTHS}
+    assert {name for name, _ in host_runs(2)} == set(timed)  # every run the calibration times is read
+    fitted = fit_host(timed, counts)
     assert fitted["op_s"] == pytest.approx(op_s) and fitted["step_s"] == pytest.approx(step_s)
     assert fitted["tp_kernel_s"] == pytest.approx(tp_kernel_s) and fitted["tp_step_s"] == pytest.approx(tp_step_s)
     assert fitted["compiled_kernel_s"] == pytest.approx(compiled_kernel_s) and fitted["compiled_step_s"] == pytest.approx(0, abs=1e-12)
@@ -359,3 +359,6 @@ def test_a_table_s_timed_optimizer_step_prices_the_optimizer(planned):
     assert total / layout.world <= local_params * (1 + 1e-9) and local_params < total
     assert by_bytes["optimizer_s"] == pytest.approx(device.memory_s(local_params * 32))
     assert by_time["step_time_s"] - by_bytes["step_time_s"] == pytest.approx(by_time["optimizer_s"] - by_bytes["optimizer_s"])
+    # Clipping adds a read and a write of every local float32 gradient to the timed (unclipped) step.
+    clipped = step_time(dataclasses.replace(model, clips=True, _priced={}), layout, timed, 8)
+    assert clipped["optimizer_s"] - by_time["optimizer_s"] == pytest.approx(device.memory_s(local_params * 8))

@@ -29,8 +29,8 @@ class RotaryTables:
     the activations exactly: q's and k's heads together, or under tensor parallelism a rank's share.
 
     `broadcast`: keep them (1, seq, 1, head_dim) instead, for compiled blocks: inductor fuses the
-    rotation into its neighbours' kernels, so the full tables would only add memory (64 MiB at that
-    shape) and reads."""
+    rotation into its neighbours' kernels, so full tables would only add memory (64 MiB each for q's
+    and k's 32 heads at that shape) and reads."""
 
     def __init__(self, head_dim: int, base: float = 10000.0, broadcast: bool = False):
         self.head_dim, self.base, self.broadcast = head_dim, base, broadcast
@@ -68,22 +68,31 @@ class Attention(nn.Module):
         self.wo = nn.Linear(dim, dim, bias=False)
 
     @property
+    def projects_jointly(self) -> bool:
+        """Whether forward projects q and k in one matmul from their weights, which bypasses the two
+        modules' own calls: only where they are plain linears that nothing hooks. Tensor parallelism
+        (hooks that shard the input and output), an FSDP unit of its own (hooks, or a wrapper, that
+        gather the weight) and a probe's forward hook each need the module called."""
+        return all(type(w) is nn.Linear and not (w._forward_hooks or w._forward_pre_hooks) for w in (self.wq, self.wk))
+
+    @property
     def rotated_heads(self) -> int:
-        """Heads one rotary call rotates: q's and k's together, or under tensor parallelism (each
-        projection its own column-wise module, see forward) a rank's share of q's."""
+        """Heads one rotary call rotates: q's and k's together, or, each projection called on its
+        own, q's heads (under tensor parallelism a rank's share)."""
+        if self.projects_jointly:
+            return 2 * self.n_heads
         w = self.wq.weight
-        if isinstance(w, DTensor) and "tp" in (w.device_mesh.mesh_dim_names or ()):
-            return self.n_heads // w.device_mesh["tp"].size()
-        return 2 * self.n_heads
+        tp = w.device_mesh["tp"].size() if isinstance(w, DTensor) and "tp" in (w.device_mesh.mesh_dim_names or ()) else 1
+        return self.n_heads // tp
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seq, _ = x.shape
         heads = lambda t: t.view(bsz, seq, -1, self.head_dim)  # noqa: E731
         # Rotated before the heads move in front of the sequence: contiguous rows, no strided lanes.
-        # Tensor parallel: each projection is its column-wise module. Compiled: inductor fuses the
-        # rotation anyway, and its partitioner keeps the joint weight from forward for backward
-        # instead of concatenating again (+16 MiB a block at the speed benchmark's shape).
-        if isinstance(self.wq.weight, DTensor) or torch.compiler.is_compiling():
+        # Compiled blocks project apart too: inductor fuses the rotation anyway, and its partitioner
+        # keeps the joint weight from forward for backward instead of concatenating it again (+16 MiB
+        # a block at the speed benchmark's shape); their rotary tables broadcast over the heads.
+        if not self.projects_jointly or torch.compiler.is_compiling():
             q, k = (apply_rotary(heads(w(x)), cos, sin) for w in (self.wq, self.wk))
         else:
             # q and k in one matmul into one buffer, rotated together: half the rotary's kernels, and

@@ -31,6 +31,10 @@ COMPILED_ELEMENTWISE = 0.5
 # not timed the optimizer's step (Device.optimizer_s): its multi-tensor kernels run below a copy's
 # bandwidth (on the H200 the 1b step's took 8.8 ms where these bytes price 7.0).
 OPTIMIZER_BYTES_PER_PARAM = 28 + 4
+# Clipping (optim.max_norm) reads and writes every float32 gradient once more, inside a fused step
+# (fsdp_lab.optim.Optimization.folds_clipping) or as its own pass; the tables time the step unclipped.
+# On the H200 at 0.95B these bytes price 1.6 ms, the fused step measured 1.35 ms longer and the pass 2.07.
+CLIP_BYTES_PER_PARAM = 8
 SHARD_BYTES = 4  # FSDP2 keeps the sharded parameters and their gradients in float32
 
 
@@ -126,6 +130,7 @@ class Model:
     param_bytes: int  # bytes per element the all-gathers move (fsdp.param_dtype)
     reduce_bytes: int  # ... and the reduce-scatters (fsdp.reduce_dtype)
     seq_len: int
+    clips: bool = False  # optim.max_norm is set
     _priced: dict = field(default_factory=dict, repr=False)  # (mb, tp, device) -> parts: the search prices many layouts alike
 
     def parts(self, mb: int, tp: int, device: Device) -> tuple[dict[str, Parts], dict[str, Parts]]:
@@ -254,6 +259,8 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     optimizer = device.optimizer_s(local_params)
     if optimizer is None:
         optimizer = device.memory_s(local_params * OPTIMIZER_BYTES_PER_PARAM)
+    if model.clips:
+        optimizer += device.memory_s(local_params * CLIP_BYTES_PER_PARAM)
     # The step's own host work (the gradient norm, the optimizer's launch, zero_grad, the probes' marks) follows
     # the last backward's issue, while the GPU may still be running it.
     step_host = host["step_s"] + (host.get("tp_step_s", 0.0) if tp > 1 else 0.0) + (host["compiled_step_s"] if layout.compile else 0.0)

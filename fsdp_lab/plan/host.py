@@ -10,7 +10,7 @@ times' difference per block, divided by what the plan's trace counts in a block 
 matmul and attention calls), gives seconds per op, the extra per TP matmul (DTensor dispatch,
 redistribution) and per compiled block's kernel (model.compile compiles the loss too, so the
 compiled runs price it); what is left at depth 2, less the model's other ops, is the step's own host
-work (gradient clipping, the optimizer's launch, zero_grad, the probes). A run with two
+work (the gradient norm, the optimizer's launch, zero_grad, the probes). A run with two
 microbatches prices gradient accumulation: what its second microbatch costs beyond one more
 microbatch's ops, per block and for the rest. A run with activation checkpointing prices what AC
 adds per block beyond the ops the trace counts (the trace records the recomputed forward's ops in

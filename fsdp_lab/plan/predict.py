@@ -38,7 +38,7 @@ class Predictor:
                 traces={key: trace_step(self.run, layers=key[0], batch=key[1], ac=ac) for key in traced_shapes(layers)},
                 layers=layers, block_params=block, other_params=other,
                 param_bytes=DTYPE_BYTES[param_dtype], reduce_bytes=DTYPE_BYTES[f.reduce_dtype or param_dtype],
-                seq_len=self.run.train.seq_len,
+                seq_len=self.run.train.seq_len, clips=self.run.optim.max_norm is not None,
             )
         return self._models[ac]
 
