@@ -2,7 +2,8 @@
 shape and precision, in one invocation per mode:
 
     python benchmarks/speed.py [--compile] [--ac none|full] [--shape 1b|8b] [--runs 3] [--peers lab,torchtitan,hand-written]
-                               [--peer-path DIR] [--json PATH] [--profile DIR] [extra lab overrides]
+                               [--variant NAME=OVERRIDES ...] [--peer-path DIR] [--json PATH] [--profile DIR]
+                               [extra lab overrides]
 
 Each run is a fresh process; the runs of the peers alternate (lab, torchtitan, hand-written, lab, ...)
 so that drift of the machine hits all alike, and the table shows medians. The lab runs
@@ -12,7 +13,9 @@ seq 4096) with the per-phase memory probe on for its peak (it costs no measurabl
 --ac full: every block checkpointed in the lab (ac=full) and in torchtitan (its --ac full; the
 hand-written loop has no checkpointing, so it is refused there), for shapes that fit only so.
 --profile DIR: each peer's first run profiles its last 2 warm-up steps (the lab through probes.profile)
-into DIR/<peer>/: ops.md, the ops ranked by GPU time per step, and every rank's trace."""
+into DIR/<peer>/: ops.md, the ops ranked by GPU time per step, and every rank's trace.
+--variant NAME=OVERRIDES (repeatable): the lab once more with these space-separated overrides, as
+the peer `lab:NAME`, alternated with the others: a change's A/B in one invocation, beside the peers."""
 
 from __future__ import annotations
 
@@ -83,8 +86,16 @@ def main() -> None:
     p.add_argument("--peer-path", help="directory holding torchtitan and its dependencies")
     p.add_argument("--json", type=Path, help="also write every run's figures here")
     p.add_argument("--profile", type=Path, help="profile each peer's first run into DIR/<peer>/")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDES",
+                   help="also run the lab with these space-separated overrides, as the peer lab:NAME")
     a, extra = p.parse_known_args()
-    peers = [name for name in PEERS if name in a.peers.split(",")]
+    variants = {}
+    for v in a.variant:
+        name, _, overrides = v.partition("=")
+        if not name or not overrides.split():
+            p.error(f"--variant={v}: expected NAME=OVERRIDES, the lab's overrides separated by spaces")
+        variants[f"lab:{name}"] = overrides.split()
+    peers = [name for name in PEERS if name in a.peers.split(",")] + list(variants)
     if a.ac != "none" and "hand-written" in peers:
         p.error(f"--ac={a.ac}: the hand-written loop has no activation checkpointing; leave it out of --peers")
     # The yardsticks' warm-up unless the shape sets one, given to the lab too: both time, and
@@ -103,9 +114,9 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name in peers}
     for run in range(a.runs):
         for name in peers:
-            profile_dir = a.profile / name if a.profile and run == 0 else None
-            if name == "lab":
-                figures = lab(lab_overrides, shape["warmup"], profile_dir)
+            profile_dir = a.profile / name.replace(":", "-") if a.profile and run == 0 else None
+            if name == "lab" or name in variants:
+                figures = lab(lab_overrides + variants.get(name, []), shape["warmup"], profile_dir)
             else:
                 figures = peer(name, gpus, args + ([f"--profile={profile_dir}"] if profile_dir else []), a.peer_path)
             runs[name].append(figures)
@@ -121,15 +132,17 @@ def main() -> None:
                                       "runs": runs, "medians": medians}, indent=1))
 
     print(f"\n{gpus} GPUs, shape {a.shape}, compile={a.compile}, ac={a.ac}, medians of {a.runs} runs{' ' + ' '.join(extra) if extra else ''}")
-    others = [name for name in peers if name != "lab"]
-    print(f"{'':18}" + "".join(f"{name:>14}" for name in peers) + ("".join(f"{'lab/' + n:>18}" for n in others) if "lab" in peers else ""))
+    # Each lab column against each peer that is not the lab, and each variant against the lab.
+    ratios = [(mine, n) for mine in peers if mine == "lab" or mine in variants for n in peers if n not in variants and n != mine]
+    width = max([18] + [len(f"{num}/{den}") + 2 for num, den in ratios])
+    print(f"{'':18}" + "".join(f"{name:>14}" for name in peers) + "".join(f"{num + '/' + den:>{width}}" for num, den in ratios))
     for key, label, fmt in (("tokens_per_s", "tokens/s per GPU", "{:14.0f}"), ("mfu", "MFU", "{:14.3f}"),
                             ("peak_mib", "peak memory (MiB)", "{:14.0f}")):
         if key not in medians[peers[0]]:
             continue
         row = "".join(fmt.format(medians[name][key]) for name in peers)
-        if "lab" in peers:
-            row += "".join(f"{medians['lab'][key] / medians[n][key]:18.3f}" if medians[n][key] else f"{'-':>18}" for n in others)
+        row += "".join(f"{medians[num][key] / medians[den][key]:{width}.3f}" if medians[den][key] else f"{'-':>{width}}"
+                       for num, den in ratios)
         print(f"{label:18}{row}")
 
 

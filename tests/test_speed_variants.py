@@ -1,0 +1,30 @@
+"""benchmarks/speed.py's lab variants on the CPU at its tiny shape: `--variant NAME=OVERRIDES` runs the
+lab once more with those overrides as the peer `lab:NAME`, alternated with the others, and the table
+sets it against the lab; overrides that the lab refuses end the benchmark naming them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def speed(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "benchmarks/speed.py", "--shape", "tiny", "--runs", "1", "--peers", "lab", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path):
+    result = speed("--variant", "prefetch=fsdp.forward_prefetch=1", "--json", str(tmp_path / "runs.json"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = json.loads((tmp_path / "runs.json").read_text())["runs"]
+    assert list(runs) == ["lab", "lab:prefetch"] and all(r[0]["tokens_per_s"] > 0 for r in runs.values())
+    assert "lab:prefetch/lab" in result.stdout
+    refused = speed("--variant", "wide=model.dim=-3")
+    assert refused.returncode != 0 and "model.dim=-3" in refused.stderr
