@@ -163,9 +163,11 @@ class Optimization:
         gradient by its `grad_scale` as it reads it (the hook GradScaler unscales through), which
         spares clipping its own pass over the gradients. At the 0.95B benchmark's shape on one H200
         (float32 gradients of 3.8 GB) that pass takes 2.07 ms (torchtitan's, in its profile) and the
-        lab's fused step took 1.35 ms longer than torchtitan's: 0.7 ms of a 115 ms step. Only where the parameters live on the device the norm is taken on: the
-        fused step moves a factor from another device without waiting for the copy (offloaded
-        parameters are stepped on the CPU, the norm is on the GPU)."""
+        lab's fused step took 1.35 ms longer than torchtitan's: 0.7 ms of a 115 ms step.
+
+        Only where the parameters live on the device the norm is taken on: the fused step moves a
+        factor from another device without waiting for the copy (offloaded parameters are stepped
+        on the CPU, the norm is on the GPU)."""
         on_device = all(p.device.type == self.device.type for g in self.optimizer.param_groups for p in g["params"])
         return self.max_norm is not None and on_device and getattr(self.optimizer, "_step_supports_amp_scaling", False)
 
