@@ -116,16 +116,16 @@ def optimizer_step(device, sizes: tuple[int, ...], iters: int) -> dict:
     from torch import nn
 
     from fsdp_lab.config import OptimConfig
-    from fsdp_lab.optim import build_optimizer, grad_norm
+    from fsdp_lab.optim import Optimization
 
     params = nn.ParameterList(nn.Parameter(torch.zeros(n, device=device)) for n in sizes)
     for p in params:
         p.grad = torch.randn_like(p)
-    optimizer = build_optimizer(params.parameters(), OptimConfig(), device)  # the lab's default: AdamW
+    optim = Optimization.build(params, OptimConfig(), total_steps=1, device=device)  # the lab's default: AdamW
 
     def step():
-        grad_norm(params, device)
-        optimizer.step()
+        optim.clip()  # the trainer's gradient norm (no optim.max_norm: nothing clipped)
+        optim.optimizer.step()
 
     s = timed(step, iters, device)
     return {"params": sum(sizes), "tensors": len(sizes), "s": s, "s_per_param": s / sum(sizes)}

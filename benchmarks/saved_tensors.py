@@ -30,7 +30,7 @@ def saved_by_block(dtype: torch.dtype, device: str, *, batch: int, seq: int, dim
     finally:
         torch.set_default_dtype(default)
     x = torch.randn(batch, seq, dim, device=device, dtype=dtype, requires_grad=True)
-    cos, sin = RotaryTables(dim // heads, heads)(batch, seq, torch.device(device), dtype)
+    cos, sin = RotaryTables(dim // heads).for_block(block, batch, seq, torch.device(device), dtype)
     saved, storages = [], {}
 
     def pack(t: torch.Tensor):

@@ -4,20 +4,14 @@ charged to the host annotation and aten op running when it began; a trace withou
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_idle.py"
+from benchmark_scripts import load
 
 
 @pytest.fixture(scope="module")
 def gpu_idle():
-    spec = importlib.util.spec_from_file_location("gpu_idle", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("gpu_idle")
 
 
 def span(cat: str, name: str, ts: float, dur: float) -> dict:

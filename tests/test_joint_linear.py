@@ -1,12 +1,14 @@
 """q and k projected in one matmul (fsdp_lab.models.joint_linear): the values and gradients of the
 separate projections, frozen weights left without a gradient, and only the weights themselves kept
-for backward (FSDP frees gathered weights after forward; a concatenated copy would stay)."""
+for backward (FSDP frees gathered weights after forward; a concatenated copy would stay), as
+benchmarks/saved_tensors.py lists a lone block's."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from benchmark_scripts import load
 from fsdp_lab.config import TransformerConfig
 from fsdp_lab.models.joint_linear import joint_linear
 from fsdp_lab.models.transformer import Transformer
@@ -43,3 +45,10 @@ def test_backward_keeps_the_weights_not_their_concatenation():
     weight_sized = [t for t in kept if t.dim() == 2 and cfg.dim in t.shape and t.numel() >= cfg.dim**2]
     assert len(weight_sized) >= 6  # wq and wk (or their concatenation), wv, wo, w1, w3, w2, output
     assert all(t.untyped_storage().data_ptr() in params for t in weight_sized), [tuple(t.shape) for t in weight_sized]
+
+
+def test_saved_tensors_lists_what_a_lone_block_keeps():
+    listed = load("saved_tensors").saved_by_block(torch.float32, "cpu", batch=2, seq=8, dim=32, heads=4, ffn=64)
+    shapes = [tuple(t["shape"]) for t in listed["saved"]]
+    assert (2, 8, 8, 8) in shapes  # q and k rotated together: 4 heads each, in one buffer
+    assert listed["saved_mib_unique_storages"] > 0

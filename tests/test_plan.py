@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from benchmark_scripts import load
 from compose import compose_run
 from fsdp_lab.plan.cost import COMPILED_ELEMENTWISE, Layout, group_link, price, step_time
 from fsdp_lab.plan.device import Device, load_device
@@ -268,6 +269,10 @@ def test_an_ac_candidates_host_time_grows_by_the_calibrated_checkpoint_figure(pl
         assert added == pytest.approx(expected, abs=1e-12)
 
 
+HOST_FREE = {k: 0.0 for k in ("op_s", "step_s", "compiled_kernel_s", "compiled_step_s")}
+"""A host section that costs nothing: the GPU's own work, no host wait hiding it."""
+
+
 def test_a_block_s_elementwise_time_follows_the_device_table_s_measured_figures(planned):
     """A block's elementwise GPU time is its bandwidth pricing times the table's measured eager
     factor, and compiled, times the measured compiled share; a table without them prices it as it
@@ -281,7 +286,7 @@ def test_a_block_s_elementwise_time_follows_the_device_table_s_measured_figures(
 
     def gpu(compiled, **figures):
         table = {**{k: v for k, v in device.table.items() if k != "elementwise"}, "elementwise": figures}
-        table["host"] = {k: 0.0 for k in ("op_s", "step_s", "compiled_kernel_s", "compiled_step_s")}
+        table["host"] = HOST_FREE
         return step_time(model, dataclasses.replace(layout, compile=compiled), Device(device.name, table), 8)["gpu_s"]
 
     plain = gpu(False)
@@ -291,7 +296,7 @@ def test_a_block_s_elementwise_time_follows_the_device_table_s_measured_figures(
         assert gpu(True, eager_factor=2.0, compiled_share=share) - gpu(True, compiled_share=share) == pytest.approx(share * elementwise, rel=1e-6)
     assert gpu(True) == pytest.approx(gpu(True, compiled_share=COMPILED_ELEMENTWISE), rel=1e-12)
     shipped = load_device("h200")  # measured: a block's elementwise ops run below a plain add's bandwidth; compile fuses most
-    assert shipped.elementwise("eager_factor") > 1 and 0 < shipped.elementwise("compiled_share") < 1
+    assert shipped.elementwise("eager_factor", unmeasured=0) > 1 and 0 < shipped.elementwise("compiled_share", unmeasured=0) < 1
 
 
 def test_fsdp_s_copies_around_its_collectives_cost_gpu_time_on_one_gpu_too(planned):
@@ -301,8 +306,7 @@ def test_fsdp_s_copies_around_its_collectives_cost_gpu_time_on_one_gpu_too(plann
     _, candidates, _, _, predictor = planned
     layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=1, tp=1, dp_replicate=1, dp_shard=1)
     model, device = predictor.model(layout.ac), predictor.device
-    table = {**device.table, "host": {k: 0.0 for k in ("op_s", "step_s", "compiled_kernel_s", "compiled_step_s")}}
-    free = Device(device.name, table)
+    free = Device(device.name, {**device.table, "host": HOST_FREE})
     gpu = {reshard: step_time(model, dataclasses.replace(layout, reshard=reshard), free, 8)["gpu_s"] for reshard in (True, False)}
     per_block = model.block_params / model.layers
     regathers = model.layers * (free.memory_s(per_block * (4 + model.param_bytes)) + free.memory_s(2 * per_block * model.param_bytes))
@@ -343,6 +347,14 @@ def test_a_slow_host_makes_the_step_host_bound(planned):
     long_step = Device(device.name, {**device.table, "host": {**device.host, "step_s": 1.0}})
     ended = step_time(model, layout, long_step, 8)
     assert ended["host_bound"] and ended["step_time_s"] == pytest.approx(ended["host_s"] + ended["optimizer_s"], rel=1e-9)
+
+
+def test_calibration_times_the_trainer_s_optimizer_step_per_parameter():
+    import torch
+
+    timed = load("calibrate_device").optimizer_step(torch.device("cpu"), (4096, 1024, 64), iters=1)
+    assert (timed["params"], timed["tensors"]) == (5184, 3) and timed["s"] > 0
+    assert timed["s_per_param"] == pytest.approx(timed["s"] / 5184)
 
 
 def test_a_table_s_timed_optimizer_step_prices_the_optimizer(planned):

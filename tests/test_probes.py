@@ -125,12 +125,17 @@ def test_the_perf_probe_times_the_host_s_issue_of_every_step_apart_from_the_step
     assert summary["perf"]["host_step_s"] == pytest.approx(statistics.median(host[1:]))
 
 
+def traced_steps(run_dir: Path) -> list[str]:
+    """The step spans in rank 0's trace of the profiled window."""
+    events = json.loads((run_dir / "profile" / "trace_rank0.json").read_text())["traceEvents"]
+    return sorted({e["name"] for e in events if e.get("name", "").startswith("step ")})
+
+
 def test_the_profiler_records_exactly_its_window_of_steps(train, tmp_path):
     """Steps 2-3 of 3 under torch.profiler: the trace holds their spans and no other step's, the op
     table and summary give per-step figures (the same matmuls per step whether 1 or 2 are profiled)."""
     trainer, _, summary = train("probes.profile.enabled=true", "probes.profile.first_step=2", "probes.profile.steps=2", run_dir=tmp_path)
-    events = json.loads((tmp_path / "profile" / "trace_rank0.json").read_text())["traceEvents"]
-    assert sorted({e["name"] for e in events if e.get("name", "").startswith("step ")}) == ["step 2", "step 3"]
+    assert traced_steps(tmp_path) == ["step 2", "step 3"]
     profile = summary["profile"]
     assert (profile["first_step"], profile["steps"], profile["device"]) == (2, 2, "cpu")
     assert 0 < len(profile["top_ops"]) <= TOP_OPS
@@ -153,13 +158,11 @@ def test_a_resumed_run_profiles_the_window_steps_it_trains(tiny, world_of_one, t
     profile = finished(base_summary(run, dims, "cpu"), steps=4, final_loss=trainer.last_loss, probes=trainer.probes,
                        checkpoint=None)["profile"]
     assert profile["steps"] == len(profiled)
-    trace = tmp_path / "profile" / "trace_rank0.json"
     if profiled:
-        events = json.loads(trace.read_text())["traceEvents"]
-        assert sorted({e["name"] for e in events if e.get("name", "").startswith("step ")}) == profiled
+        assert traced_steps(tmp_path) == profiled
         assert profile["first_step"] == 3 and "aten::mm" in {op["name"] for op in trainer.probes[-1].window.ops}
     else:
-        assert not trace.exists() and profile["top_ops"] == []
+        assert not (tmp_path / "profile" / "trace_rank0.json").exists() and profile["top_ops"] == []
 
 
 def test_a_profiler_window_past_the_last_step_is_refused(tiny):

@@ -1,6 +1,6 @@
 """The transformer's rotary embedding: the same rotation of each (even, odd) pair as the textbook
-pairwise form, bit for bit in the activations' dtype, with tables at the activations' shape (a
-tensor-parallel rank's slice of the heads too), computed once per run."""
+pairwise form, bit for bit in the activations' dtype, with tables at the activations' shape,
+computed once per run (tables for q's and k's heads, which the attention rotates together)."""
 
 from __future__ import annotations
 

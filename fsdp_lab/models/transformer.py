@@ -47,6 +47,10 @@ class RotaryTables:
             self._tables[key] = tuple(t[:, None].to(dtype).expand(shape).contiguous() for t in (cos, sin))
         return self._tables[key]
 
+    def for_block(self, block: nn.Module, batch: int, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables a TransformerBlock rotates with: as many heads as its attention rotates at once."""
+        return self(batch, seq_len, block.attention.rotated_heads, device, dtype)
+
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each (even, odd) pair of x's last dimension, x: (batch, seq, heads, head_dim):
@@ -150,7 +154,7 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
-        cos, sin = self.rotary(*tokens.shape, self.layers[0].attention.rotated_heads, h.device, h.dtype)
+        cos, sin = self.rotary.for_block(self.layers[0], *tokens.shape, h.device, h.dtype)
         for i in self.layer_order:
             h = call_block(self, i, self.layers[i], h, cos, sin)
         return self.output(self.norm(h))

@@ -59,7 +59,7 @@ class TransformerStage(Stage):
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(h)
         # From the configured length, not h: with sequence parallelism a stage receives only its shard.
-        cos, sin = self.rotary(h.shape[0], self.seq_len, self.blocks[0].attention.rotated_heads, h.device, h.dtype)
+        cos, sin = self.rotary.for_block(self.blocks[0], h.shape[0], self.seq_len, h.device, h.dtype)
         for i, layer in enumerate(self.blocks):
             h = call_block(self, i, layer, h, cos, sin)
         if self.output is not None:

@@ -33,7 +33,7 @@ COMPILED_ELEMENTWISE = 0.5
 OPTIMIZER_BYTES_PER_PARAM = 28 + 4
 # Clipping (optim.max_norm) reads and writes every float32 gradient once more, inside a fused step
 # (fsdp_lab.optim.Optimization.folds_clipping) or as its own pass; the tables time the step unclipped.
-# On the H200 at 0.95B these bytes price 1.6 ms, the fused step measured 1.35 ms longer and the pass 2.07.
+# On the H200 at 0.95B these bytes price 1.74 ms, the fused step measured 1.35 ms longer and the pass 2.07.
 CLIP_BYTES_PER_PARAM = 8
 SHARD_BYTES = 4  # FSDP2 keeps the sharded parameters and their gradients in float32
 
@@ -198,9 +198,8 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
 
     # A block's elementwise ops run at the measured share of the bandwidth pricing (absent: the
     # pricing as it is), and compiled at the measured share of that (absent: the assumed share).
-    eager_factor = device.elementwise("eager_factor") or 1.0
-    measured_share = device.elementwise("compiled_share")
-    compiled_share = COMPILED_ELEMENTWISE if measured_share is None else measured_share
+    eager_factor = device.elementwise("eager_factor", unmeasured=1.0)
+    compiled_share = device.elementwise("compiled_share", unmeasured=COMPILED_ELEMENTWISE)
 
     def gpu(p: Parts, in_block: bool) -> float:
         factor = 1.0

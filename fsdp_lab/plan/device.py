@@ -82,11 +82,11 @@ class Device:
             latency, bandwidth = spec["inter_node_latency_s"], min(bandwidth, spec["inter_node_gbps"] * 1e9)
         return latency * math.log2(group) + RING[kind](group) * nbytes / bandwidth
 
-    def elementwise(self, figure: str) -> float | None:
+    def elementwise(self, figure: str, unmeasured: float) -> float:
         """A block's measured elementwise figure (fsdp_lab/plan/elementwise.py): `eager_factor`, its
         eager time over the bandwidth pricing of its ops, or `compiled_share`, what torch.compile
-        leaves of it; None where the table has not measured it."""
-        return self.table.get("elementwise", {}).get(figure)
+        leaves of it; `unmeasured` where the table has not measured it."""
+        return self.table.get("elementwise", {}).get(figure, unmeasured)
 
     def optimizer_s(self, params: float) -> float | None:
         """The optimizer's step (the gradient norm, then fused AdamW) over `params` float32 parameters

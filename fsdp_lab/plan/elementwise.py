@@ -60,8 +60,7 @@ def block_pass(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, comp
     the rotary tables the model gives an eager or a compiled block)."""
     from fsdp_lab.models.transformer import RotaryTables
 
-    tables = RotaryTables(block.attention.head_dim, broadcast=compiled)
-    cos, sin = tables(x.shape[0], x.shape[1], block.attention.rotated_heads, x.device, x.dtype)
+    cos, sin = RotaryTables(block.attention.head_dim, broadcast=compiled).for_block(block, *x.shape[:2], x.device, x.dtype)
     params = list(block.parameters())
 
     def run():
