@@ -1,6 +1,6 @@
 """Forms of the rotary embedding, forward and backward on one GPU, at the speed benchmark's shape
 (batch 4, seq 2048, 16 heads of 128, bf16): milliseconds per call and whether each gives the lab's
-`apply_rotary` bit for bit (forward output and input gradient).
+rotation in PyTorch's ops (`rotate_pairs`) bit for bit (forward output and input gradient).
 
     python benchmarks/rotary_forms.py [--batch 4] [--seq 2048] [--heads 16] [--head-dim 128]
 
@@ -18,7 +18,8 @@ Measured on one H200 (torch 2.11), ms per call, forward + backward:
     tables per seq x heads, addcmul (not bit for bit)  0.327          0.267
     complex64, torchtitan's (not bit for bit)          0.262          0.262
 The swap by matmul is exact but not taken: selective AC (selective=op) keeps every matmul's output,
-and an inf in one lane would spread over the head."""
+and an inf in one lane would spread over the head. Eager blocks on a GPU now rotate in one Triton
+kernel (models/rotary_kernel.py), its tables per seq."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ import argparse
 
 import torch
 
-from fsdp_lab.models.transformer import RotaryTables, apply_rotary
+from fsdp_lab.models import rotary_kernel
+from fsdp_lab.models.transformer import RotaryTables, rotate_pairs
 
 
 def swap_matrix(head_dim: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -38,10 +40,10 @@ def swap_matrix(head_dim: int, dtype: torch.dtype, device) -> torch.Tensor:
     return r
 
 
-def forms(cos_b, sin_b):
-    """name -> f(x); the tables are (batch, seq, heads, head_dim) as the lab keeps them."""
-    batch, seq, heads, hd = cos_b.shape
-    cos, sin = cos_b[0, :, :1].contiguous(), sin_b[0, :, :1].contiguous()
+def forms(cos, sin, batch: int, heads: int):
+    """name -> f(x); the tables are (1, seq, 1, head_dim), as the kernel reads them."""
+    _, seq, _, hd = cos.shape
+    cos_b, sin_b = (t.expand(batch, seq, heads, hd).contiguous() for t in (cos, sin))
     cos_h, sin_h = cos_b[0].contiguous(), sin_b[0].contiguous()
     r = swap_matrix(hd, cos.dtype, cos.device)
     freqs = torch.polar(torch.ones(seq, hd // 2, device=cos.device), torch.outer(
@@ -59,10 +61,11 @@ def forms(cos_b, sin_b):
         "tables per seq, flip (the lab's before)": lambda x: x * cos + flip(x) * sin,
         "tables per seq x heads, flip": lambda x: x * cos_h + flip(x) * sin_h,
         "tables per seq x heads, swap by matmul": lambda x: x * cos_h + (x @ r) * sin_h,
-        "tables per batch x seq x heads, flip (the lab's)": lambda x: apply_rotary(x, cos_b, sin_b),
+        "tables per batch x seq x heads, flip (PyTorch's ops)": lambda x: rotate_pairs(x, cos_b, sin_b),
         "tables per batch x seq x heads, swap by matmul": lambda x: x * cos_b + (x @ r) * sin_b,
         "tables per seq x heads, addcmul": lambda x: torch.addcmul(x * cos_h, flip(x), sin_h),
         "complex64 (torchtitan's)": complex_form,
+        "one Triton kernel, tables per seq (the lab's)": lambda x: rotary_kernel.rotate(x, cos, sin),
     }
 
 
@@ -86,11 +89,11 @@ def main() -> None:
     device, dtype = torch.device("cuda"), torch.bfloat16
     x = torch.randn(a.batch, a.seq, a.heads, a.head_dim, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
-    cos, sin = RotaryTables(a.head_dim)(a.batch, a.seq, a.heads, device, dtype)
-    reference = apply_rotary(x, cos, sin)
+    cos, sin = RotaryTables(a.head_dim, broadcast=True)(a.batch, a.seq, a.heads, device, dtype)
+    reference = rotate_pairs(x, cos, sin)
     (ref_grad,) = torch.autograd.grad(reference, x, grad)
     print(f"{'form':48} {'ms fwd+bwd':>11} {'bit for bit':>12}")
-    for name, f in forms(cos, sin).items():
+    for name, f in forms(cos, sin, a.batch, a.heads).items():
         out = f(x)
         (g,) = torch.autograd.grad(out, x, grad)
         same = torch.equal(out, reference) and torch.equal(g, ref_grad)

@@ -13,6 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from fsdp_lab.config import TransformerConfig
 from fsdp_lab.models.blocks import call_block, repeated_block_params
+from fsdp_lab.models import rotary_kernel
 from fsdp_lab.models.joint_linear import joint_linear
 
 
@@ -30,14 +31,16 @@ class RotaryTables:
 
     `broadcast`: keep them (1, seq, 1, head_dim) instead, for compiled blocks: inductor fuses the
     rotation into its neighbours' kernels, so full tables would only add memory (64 MiB each for q's
-    and k's 32 heads at that shape) and reads."""
+    and k's 32 heads at that shape) and reads. Eager blocks whose rotation the Triton kernel takes
+    (models/rotary_kernel.py) read them so too."""
 
     def __init__(self, head_dim: int, base: float = 10000.0, broadcast: bool = False):
         self.head_dim, self.base, self.broadcast = head_dim, base, broadcast
         self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, batch: int, seq_len: int, heads: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (1, seq_len, 1, self.head_dim) if self.broadcast else (batch, seq_len, heads, self.head_dim)
+        broadcast = self.broadcast or rotary_kernel.runs_on(device, dtype)
+        shape = (1, seq_len, 1, self.head_dim) if broadcast else (batch, seq_len, heads, self.head_dim)
         key = (shape, device, dtype)
         if key not in self._tables:
             inv_freq = 1.0 / (self.base ** (torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32) / self.head_dim))
@@ -54,8 +57,16 @@ class RotaryTables:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each (even, odd) pair of x's last dimension, x: (batch, seq, heads, head_dim):
-    (x1 cos - x2 sin, x1 sin + x2 cos), the same products and sums in x's dtype as the pairwise
-    form, in 4 elementwise kernels instead of 7."""
+    (x1 cos - x2 sin, x1 sin + x2 cos), in one Triton kernel where it runs (models/rotary_kernel.py),
+    else in PyTorch's ops; the same numbers either way."""
+    if rotary_kernel.takes(x, cos):
+        return rotary_kernel.rotate(x, cos, sin)
+    return rotate_pairs(x, cos, sin)
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotation in PyTorch's ops: the same products and sums in x's dtype as the pairwise form,
+    in 4 elementwise kernels instead of 7."""
     if cos.dtype != x.dtype:
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x2, x1) in each pair
