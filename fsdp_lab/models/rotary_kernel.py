@@ -26,7 +26,7 @@ try:
 except ImportError:  # a CPU install: the PyTorch form is the only one
     triton = None
 
-ROWS_PER_PROGRAM = 16  # rows of head_dim lanes one program rotates
+ELEMENTS_PER_PROGRAM = 4096  # a program rotates as many whole rows of head_dim lanes as make this many
 
 
 def takes(x: torch.Tensor, cos: torch.Tensor) -> bool:
@@ -63,11 +63,11 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: boo
     batch, seq, heads, head_dim = x.shape
     out = torch.empty_like(x)
     rows = batch * seq * heads
-    half = head_dim // 2
-    _rotate_kernel[(triton.cdiv(rows, ROWS_PER_PROGRAM),)](
-        x, cos, sin, out, rows, heads, seq, HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
-        BLOCK_ROWS=ROWS_PER_PROGRAM, BACKWARD=backward,
-        enable_fp_fusion=False)  # a fused multiply-add would round once where the ops round twice
+    block_dim = triton.next_power_of_2(head_dim)
+    block_rows = max(1, ELEMENTS_PER_PROGRAM // block_dim)
+    _rotate_kernel[(triton.cdiv(rows, block_rows),)](
+        x, cos, sin, out, rows, heads, seq, HEAD_DIM=head_dim, BLOCK_DIM=block_dim, BLOCK_ROWS=block_rows,
+        BACKWARD=backward, enable_fp_fusion=False)  # a fused multiply-add would round once where the ops round twice
     return out
 
 
@@ -85,30 +85,31 @@ if triton is not None:
         return tl.where(value != value, value, bits.to(tl.float32, bitcast=True))
 
     @triton.jit
+    def _swapped_pairs(t, ROWS: tl.constexpr, DIM: tl.constexpr):
+        """t with the lanes of each (even, odd) pair exchanged."""
+        even, odd = tl.split(tl.reshape(t, [ROWS, DIM // 2, 2]))
+        return tl.reshape(tl.join(odd, even), [ROWS, DIM])
+
+    @triton.jit
     def _rotate_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, rows, heads, seq,
-                       HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_ROWS: tl.constexpr, BACKWARD: tl.constexpr):
-        # x's rows are (batch, seq, heads) flattened; lanes (2j, 2j+1) form pair j. The tables hold
-        # cos repeated on both lanes of a pair and sin negated on the even lane:
-        #   forward   out_even = x_even cos + x_odd (-sin),  out_odd = x_odd cos + x_even sin
-        #   backward  the same with the two sine lanes exchanged (the transposed rotation).
+                       HEAD_DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BACKWARD: tl.constexpr):
+        # x's rows are (batch, seq, heads) flattened, read and written whole (vectorized); the tables
+        # hold cos on both lanes of a pair and sin negated on the even lane, so that
+        #   forward   out = x cos + swapped(x) sin
+        #   backward  out = x cos + swapped(x) swapped(sin)   (the transposed rotation)
         row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-        pair = tl.arange(0, BLOCK_HALF)
-        mask = (row[:, None] < rows) & (pair[None, :] < HALF)
-        even = row[:, None] * (2 * HALF) + 2 * pair[None, :]
-        table_even = ((row // heads) % seq)[:, None] * (2 * HALF) + 2 * pair[None, :]
-        x_even = tl.load(x_ptr + even, mask=mask)
-        x_odd = tl.load(x_ptr + even + 1, mask=mask)
-        cos = tl.load(cos_ptr + table_even, mask=mask)
-        sin_even = tl.load(sin_ptr + table_even, mask=mask)
-        sin_odd = tl.load(sin_ptr + table_even + 1, mask=mask)
-        if BACKWARD:
-            sin_even, sin_odd = sin_odd, sin_even
+        lane = tl.arange(0, BLOCK_DIM)
+        mask = (row[:, None] < rows) & (lane[None, :] < HEAD_DIM)
+        at = row[:, None] * HEAD_DIM + lane[None, :]
+        table_at = ((row // heads) % seq)[:, None] * HEAD_DIM + lane[None, :]
+        x = tl.load(x_ptr + at, mask=mask)
+        dtype = x.dtype
         # As PyTorch's elementwise ops compute in x's dtype: each product and the sum in float32,
         # each rounded to x's dtype.
-        dtype = x_even.dtype
-        x_even, x_odd = x_even.to(tl.float32), x_odd.to(tl.float32)
-        cos, sin_even, sin_odd = cos.to(tl.float32), sin_even.to(tl.float32), sin_odd.to(tl.float32)
-        out_even = _rounded(_rounded(x_even * cos, dtype) + _rounded(x_odd * sin_even, dtype), dtype)
-        out_odd = _rounded(_rounded(x_odd * cos, dtype) + _rounded(x_even * sin_odd, dtype), dtype)
-        tl.store(out_ptr + even, out_even.to(dtype), mask=mask)
-        tl.store(out_ptr + even + 1, out_odd.to(dtype), mask=mask)
+        x = x.to(tl.float32)
+        cos = tl.load(cos_ptr + table_at, mask=mask).to(tl.float32)
+        sin = tl.load(sin_ptr + table_at, mask=mask).to(tl.float32)
+        if BACKWARD:
+            sin = _swapped_pairs(sin, BLOCK_ROWS, BLOCK_DIM)
+        out = _rounded(x * cos, dtype) + _rounded(_swapped_pairs(x, BLOCK_ROWS, BLOCK_DIM) * sin, dtype)
+        tl.store(out_ptr + at, _rounded(out, dtype).to(dtype), mask=mask)
