@@ -16,6 +16,8 @@ dtypes and layouts, in the order the CUDA kernel creates and frees them:
   reshape is a view. Both save q, k, v, the output and an fp32 logsumexp per row. The replacement
   calls the op CUDA would run; their fake (meta) implementations allocate as CUDA does, and
   mode=plan records them as attention.
+- The lab's Triton kernels for the transformer's rotary and SwiGLU (models/kernels/): eager blocks on a
+  GPU take them, so the trace does (kernels.launch.as_on_a_gpu), with their outputs and saved tensors.
 - Adam's step: a GPU run fuses it (one kernel updating every tensor in place, nothing allocated);
   the fake CPU device takes the single-tensor path, which adds parameter-sized temporaries, and over
   fake DTensors on torch 2.11 gathers whole tensors. The replacement updates each parameter's local
@@ -33,12 +35,15 @@ import torch.optim.adam as adam_module  # torch.optim hides the submodule's name
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial
 
+from fsdp_lab.models.kernels.launch import as_on_a_gpu
+
 SUBSTITUTED = {
     "nn.RMSNorm": "CUDA fused RMSNorm: saves the input and fp32 rstd per row",
     "F.scaled_dot_product_attention": "CUDA cuDNN attention for bf16/fp16 (output in the query's layout), else the "
                                       "memory-efficient kernel (output laid out (batch, seq, heads, dim)); both save "
                                       "q, k, v, output, logsumexp",
     "Adam/AdamW step": "CUDA fused Adam: every tensor updated in place, nothing allocated",
+    "rotary, SwiGLU": "the lab's Triton kernels (models/kernels/): rotary tables per sequence, SwiGLU keeps gate and up only",
 }
 
 
@@ -111,13 +116,14 @@ def _fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_ste
 
 @contextlib.contextmanager
 def cuda_kernels():
-    """Inside: nn.RMSNorm, F.scaled_dot_product_attention and Adam's default step allocate and save as
-    their CUDA kernels do."""
+    """Inside: nn.RMSNorm, F.scaled_dot_product_attention, Adam's default step and the lab's Triton
+    kernels allocate and save as on a GPU."""
     rms_forward, sdpa, adam = nn.RMSNorm.forward, F.scaled_dot_product_attention, adam_module._single_tensor_adam
     nn.RMSNorm.forward = _rms_norm
     F.scaled_dot_product_attention = _sdpa(sdpa)
     adam_module._single_tensor_adam = _fused_adam
     try:
-        yield
+        with as_on_a_gpu():
+            yield
     finally:
         nn.RMSNorm.forward, F.scaled_dot_product_attention, adam_module._single_tensor_adam = rms_forward, sdpa, adam

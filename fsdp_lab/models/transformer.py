@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from fsdp_lab.config import TransformerConfig
 from fsdp_lab.models.blocks import call_block, repeated_block_params
-from fsdp_lab.models import rotary_kernel
+from fsdp_lab.models.kernels import rotary, swiglu
 from fsdp_lab.models.joint_linear import joint_linear
 
 
@@ -32,14 +32,14 @@ class RotaryTables:
     `broadcast`: keep them (1, seq, 1, head_dim) instead, for compiled blocks: inductor fuses the
     rotation into its neighbours' kernels, so full tables would only add memory (64 MiB each for q's
     and k's 32 heads at that shape) and reads. Eager blocks whose rotation the Triton kernel takes
-    (models/rotary_kernel.py) read them so too."""
+    (models/kernels/rotary.py) read them so too."""
 
     def __init__(self, head_dim: int, base: float = 10000.0, broadcast: bool = False):
         self.head_dim, self.base, self.broadcast = head_dim, base, broadcast
         self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, batch: int, seq_len: int, heads: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        broadcast = self.broadcast or rotary_kernel.runs_on(device, dtype)
+        broadcast = self.broadcast or rotary.broadcast_tables(device, dtype)
         shape = (1, seq_len, 1, self.head_dim) if broadcast else (batch, seq_len, heads, self.head_dim)
         key = (shape, device, dtype)
         if key not in self._tables:
@@ -57,10 +57,10 @@ class RotaryTables:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each (even, odd) pair of x's last dimension, x: (batch, seq, heads, head_dim):
-    (x1 cos - x2 sin, x1 sin + x2 cos), in one Triton kernel where it runs (models/rotary_kernel.py),
+    (x1 cos - x2 sin, x1 sin + x2 cos), in one Triton kernel where it runs (models/kernels/rotary.py),
     else in PyTorch's ops; the same numbers either way."""
-    if rotary_kernel.takes(x, cos):
-        return rotary_kernel.rotate(x, cos, sin)
+    if rotary.takes_rotation(x, cos, sin):
+        return rotary.rotate(x, cos, sin)
     return rotate_pairs(x, cos, sin)
 
 
@@ -127,7 +127,10 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w1(x), self.w3(x)
+        if swiglu.takes_swiglu(gate, up):  # one Triton kernel each way (models/kernels/swiglu.py)
+            return self.w2(swiglu.swiglu(gate, up))
+        return self.w2(F.silu(gate) * up)
 
 
 class TransformerBlock(nn.Module):

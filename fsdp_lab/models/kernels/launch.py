@@ -1,0 +1,76 @@
+"""What every kernel of this package shares: whether it may take a tensor, and its launch, which on
+the fake tensors of the estimate's and the plan's traces runs nothing (the caller made the outputs),
+so that the traces see the kernels' outputs and saved tensors as a GPU run has them."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch._subclasses.fake_tensor import is_fake
+
+try:
+    import triton
+    import triton.language as tl
+
+    jit = triton.jit
+except ImportError:  # a CPU install: no kernel runs; a trace that models a GPU takes them all the same
+    triton = tl = None
+
+    def jit(fn):
+        return fn
+
+DTYPES = (torch.bfloat16, torch.float32)  # what `rounded` rounds to
+_modelling_a_gpu = False  # set by as_on_a_gpu()
+
+
+@contextlib.contextmanager
+def as_on_a_gpu():
+    """Inside, fake CPU tensors stand for a GPU's, Triton or not: the memory estimate traces its
+    step so (estimate/cuda_kernels.py), and its trace then keeps what the kernels keep."""
+    global _modelling_a_gpu
+    before, _modelling_a_gpu = _modelling_a_gpu, True
+    try:
+        yield
+    finally:
+        _modelling_a_gpu = before
+
+
+def available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the kernels take activations of `dtype` on `device`."""
+    on_a_gpu = (triton is not None and device.type == "cuda") or _modelling_a_gpu
+    return on_a_gpu and dtype in DTYPES
+
+
+def takes(*tensors: torch.Tensor) -> bool:
+    """Whether a kernel may take these tensors: contiguous, of one supported dtype, plain tensors on a
+    GPU (or a trace's fake ones), in eager code."""
+    first = tensors[0]
+    if not available(first.device, first.dtype) or torch.compiler.is_compiling():
+        return False
+    runs = (lambda t: type(t) is torch.Tensor) if first.device.type == "cuda" and triton is not None else (lambda t: False)
+    return all((runs(t) or is_fake(t)) and t.is_contiguous() and t.dtype == first.dtype for t in tensors)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def run(kernel, grid, *args, **constants) -> None:
+    """kernel[grid](*args, **constants), except on a trace's fake tensors, which only stand for the
+    outputs the caller made; without fused multiply-adds, which would round once where PyTorch's ops
+    round twice (a kernel writes each fma it wants)."""
+    if not any(is_fake(a) for a in args if isinstance(a, torch.Tensor)):
+        kernel[grid](*args, **constants, enable_fp_fusion=False)
+
+
+@jit
+def rounded(value, dtype: tl.constexpr):
+    """float32 `value` rounded to `dtype` (float32 or bfloat16) and kept in float32 for the next op:
+    to nearest, even on ties, as PyTorch rounds, by hand on the bits (Triton's CPU interpreter,
+    which the tests run, truncates in a cast); NaN stays NaN."""
+    if dtype == tl.float32:
+        return value
+    bits = value.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(value != value, value, bits.to(tl.float32, bitcast=True))

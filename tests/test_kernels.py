@@ -1,0 +1,87 @@
+"""The Triton kernels of eager blocks (models/kernels/): the rotary bit for bit as PyTorch's ops,
+SwiGLU as PyTorch's ops within their rounding, forward and backward, run in Triton's CPU interpreter
+in a process of its own (the interpreter is chosen when a kernel is defined, from TRITON_INTERPRET);
+and the traces' fake GPU tensors take the kernels as a GPU run does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from fsdp_lab.models.kernels import rotary
+from fsdp_lab.models.kernels.launch import as_on_a_gpu
+from fsdp_lab.models.transformer import FeedForward
+
+# Rows (2 x 7 x 3 = 42) not a multiple of a program's, 24 lanes padded to 32, 2 x 7 x 3 x 24 SwiGLU
+# elements not a multiple of a program's: the masks are exercised. Values spread over many binades,
+# so products round and sums meet ties.
+CHECK = r"""
+import torch
+import torch.nn.functional as F
+from fsdp_lab.models.kernels import rotary, swiglu
+from fsdp_lab.models.transformer import RotaryTables, rotate_pairs
+
+def forward_and_grads(f, inputs, grad):
+    inputs = [t.detach().requires_grad_() for t in inputs]
+    out = f(*inputs)
+    return (out, *torch.autograd.grad(out, inputs, grad))
+
+for dtype in (torch.bfloat16, torch.float32):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 7, 3, 24, generator=g) * torch.logspace(-3, 3, 24)).to(dtype)
+    grad = torch.randn(x.shape, generator=g).to(dtype)
+    cos, sin = RotaryTables(24, broadcast=True)(2, 7, 3, x.device, dtype)
+    expected = forward_and_grads(lambda t: rotate_pairs(t, cos, sin), [x], grad)
+    for name, a, b in zip(("rotary", "rotary grad"), forward_and_grads(lambda t: rotary.rotate(t, cos, sin), [x], grad), expected):
+        assert torch.equal(a, b), (name, dtype, (a.float() - b.float()).abs().max())
+
+    gate, up = (torch.randn(x.shape, generator=g) * 4).to(dtype), torch.randn(x.shape, generator=g).to(dtype)
+    expected = forward_and_grads(lambda a, b: F.silu(a) * b, [gate, up], grad)
+    for name, a, b in zip(("swiglu", "gate grad", "up grad"), forward_and_grads(swiglu.swiglu, [gate, up], grad), expected):
+        # The CPU's exp is not CUDA's expf: within one rounding of the dtype.
+        torch.testing.assert_close(a, b, rtol=2 * torch.finfo(dtype).eps, atol=1e-6, msg=f"{name} {dtype}")
+print("kernels checked")
+"""
+
+
+@pytest.mark.slow
+def test_the_kernels_compute_what_pytorchs_ops_compute():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "kernels checked" in result.stdout
+
+
+def saved_by(fn, *inputs) -> list[tuple[int, ...]]:
+    """Shapes of the tensors autograd keeps for backward while fn runs."""
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        fn(*inputs)
+    return saved
+
+
+def test_a_trace_that_models_a_gpu_takes_the_kernels_and_keeps_what_they_keep():
+    """The estimate traces its step on fake CPU tensors standing for a GPU's (estimate/cuda_kernels.py):
+    they must take the kernels and keep what the kernels keep (SwiGLU's no silu output), not what
+    PyTorch's ops would; real CPU tensors never take them."""
+    assert rotary.broadcast_tables(torch.device("cuda"), torch.bfloat16), "Triton installed (the test extra)"
+    assert not rotary.broadcast_tables(torch.device("cuda"), torch.float16), "rounding by hand covers bf16 and fp32"
+    assert not rotary.broadcast_tables(torch.device("cpu"), torch.bfloat16)
+
+    def ffn_saves(fake: bool) -> list[tuple[int, ...]]:
+        with FakeTensorMode() if fake else contextlib.nullcontext():
+            return saved_by(FeedForward(8, 16), torch.randn(2, 3, 8, requires_grad=True))
+
+    hidden = (2, 3, 16)
+    assert ffn_saves(fake=True).count(hidden) == 3, "PyTorch's ops: silu keeps gate, the product silu's output and up"
+    with as_on_a_gpu():
+        assert rotary.broadcast_tables(torch.device("cpu"), torch.bfloat16)
+        assert ffn_saves(fake=True).count(hidden) == 2, "the kernel keeps gate and up; silu's output is computed again"
+        assert ffn_saves(fake=False).count(hidden) == 3, "real CPU tensors: PyTorch's ops"
+    assert ffn_saves(fake=True).count(hidden) == 3, "outside the trace's context again"
