@@ -136,8 +136,12 @@ def test_top_candidates_closed_form_peak_is_near_the_estimate(planned):
     _, candidates, *_ = planned
     checked = [c.prediction for c in candidates if c.prediction["memory_from"] == "estimate"]
     assert checked
+    # The closed form splits activations over TP by one assumed share (plan/cost.py's
+    # TP_REPLICATED_ELEMENTWISE); this small model's replicated logits and, since SwiGLU's kernel
+    # keeps no silu output, its smaller MLP share put the tp=8 candidates' closed form 18% under the
+    # estimate (11% before the kernel).
     for p in checked:
-        assert abs(p["closed_form_peak_mib"] / p["peak_mib"] - 1) < 0.15, p
+        assert abs(p["closed_form_peak_mib"] / p["peak_mib"] - 1) < 0.2, p
 
 
 def test_tp_candidates_get_the_estimate_s_peak(planned):
