@@ -19,7 +19,7 @@ Measured on one H200 (torch 2.11), ms per call, forward + backward:
     complex64, torchtitan's (not bit for bit)          0.262          0.262
 The swap by matmul is exact but not taken: selective AC (selective=op) keeps every matmul's output,
 and an inf in one lane would spread over the head. Eager blocks on a GPU now rotate in one Triton
-kernel (models/rotary_kernel.py), its tables per seq."""
+kernel (models/kernels/rotary.py), its tables per seq."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import argparse
 
 import torch
 
-from fsdp_lab.models import rotary_kernel
+from fsdp_lab.models.kernels import rotary
 from fsdp_lab.models.transformer import RotaryTables, rotate_pairs
 
 
@@ -65,7 +65,7 @@ def forms(cos, sin, batch: int, heads: int):
         "tables per batch x seq x heads, swap by matmul": lambda x: x * cos_b + (x @ r) * sin_b,
         "tables per seq x heads, addcmul": lambda x: torch.addcmul(x * cos_h, flip(x), sin_h),
         "complex64 (torchtitan's)": complex_form,
-        "one Triton kernel, tables per seq (the lab's)": lambda x: rotary_kernel.rotate(x, cos, sin),
+        "one Triton kernel, tables per seq (the lab's)": lambda x: rotary.rotate(x, cos, sin),
     }
 
 
