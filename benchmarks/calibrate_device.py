@@ -2,8 +2,8 @@
 memory bandwidth by size (each timed in bursts of back-to-back calls: steady throughput), a block's
 elementwise time eager and compiled (fsdp_lab/plan/elementwise.py), NCCL all-gather,
 reduce-scatter and all-reduce time by message size over the GPUs of this node, and the host's time to
-issue a step (fsdp_lab/plan/host.py: a Llama's steps through the lab's own trainer, timed on the
-host to the step's last op, per op dispatched, per TP matmul, per compiled kernel, per accumulated
+issue a step (fsdp_lab/plan/host.py: a Llama's steps through the lab's own trainer at two widths, timed
+on the host to the step's last op, per op dispatched, per TP matmul, per compiled kernel, per accumulated
 microbatch, per checkpointed block, eager and compiled); and the optimizer's step (fused AdamW and the
 gradient norm the trainer takes) per parameter.
 
@@ -11,8 +11,8 @@ gradient norm the trainer takes) per parameter.
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --host-only --out fsdp_lab/plan/devices/h200.json
 
 Rank 0 writes the table; every rank takes part in the collectives. `--host-only` measures the host
-section alone into an existing table. `--quick` (and a CPU machine) runs tiny shapes, to check the
-script itself. Sections a run does not measure (the collectives on one GPU, the hand-written `spec`)
+section alone into an existing table (its kernel sections price the host model's blocks, which the
+host's figures are read by). `--quick` (and a CPU machine) runs tiny shapes, to check the script itself. Sections a run does not measure (the collectives on one GPU, the hand-written `spec`)
 are kept from the existing --out table."""
 
 from __future__ import annotations
@@ -191,9 +191,10 @@ def main() -> None:
     dist.destroy_process_group()  # the plan's trace below runs on a fake process group of its own
     if rank == 0:
         from fsdp_lab.plan.device import Device
-        from fsdp_lab.plan.host import fit_host, traced_counts
+        from fsdp_lab.plan.host import fit_widths
 
-        table["host"] = {**fit_host(host_s, traced_counts(quick)), "measured_on": f"{name} x{world}, torch {torch.__version__}"}
+        # Each width's block priced on this table's kernel sections (measured above, or kept with --host-only).
+        table["host"] = {"widths": fit_widths(host_s, Device(name, table), quick), "measured_on": f"{name} x{world}, torch {torch.__version__}"}
         if not args.host_only and blocks:  # priced by the plan's trace, at this table's bandwidth
             table["elementwise"] = fit_elementwise(blocks, Device(name, table))
         out.write_text(json.dumps(table, indent=1))

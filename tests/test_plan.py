@@ -17,7 +17,7 @@ from benchmark_scripts import load
 from compose import compose_run
 from fsdp_lab.plan.cost import COMPILED_ELEMENTWISE, Layout, group_link, price, step_time
 from fsdp_lab.plan.device import Device, load_device
-from fsdp_lab.plan.host import DEPTHS, ROUNDS, WIDTHS, Counts, fit_host, host_runs, host_times
+from fsdp_lab.plan.host import DEPTHS, ROUNDS, Counts, fit_host, host_runs, host_times, kernel_s, run_name, widths
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.run import PLAN_FILE, plan, run_plan
 from fsdp_lab.plan.search import _estimable, _estimated_peak_mib, layouts, meshes, rank
@@ -182,7 +182,8 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
 
     runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2), ("ac", ac), ("ac compiled", ac_compiled))
     timed = {f"{name} {L}": f(L) for name, f in runs for L in DEPTHS}
-    assert {name for name, _ in host_runs(2)} == set(timed)  # every run the calibration times is read
+    # every run the calibration times is read, at each width
+    assert {name for name, _ in host_runs(2)} == {f"{name} @{w['dim']}" for name in timed for w in widths()}
     fitted = fit_host(timed, counts)
     assert fitted["op_s"] == pytest.approx(op_s) and fitted["step_s"] == pytest.approx(step_s)
     assert fitted["tp_kernel_s"] == pytest.approx(tp_kernel_s) and fitted["tp_step_s"] == pytest.approx(tp_step_s)
@@ -195,30 +196,35 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
 
 def test_eager_host_runs_are_timed_in_rounds_apart_and_their_median_taken():
     """A host's speed moves from run to run: each eager run comes ROUNDS times, every run of a round
-    before the next round's, and its figure is the median of its rounds; compiled runs once."""
+    (both widths) before the next round's, and its figure is the median of its rounds; compiled runs once."""
     names = [name for name, _ in host_runs(2)]
     eager = [n for n in dict.fromkeys(names) if not n.startswith(("compiled", "ac compiled"))]
     assert ROUNDS >= 3 and all(names.count(n) == ROUNDS for n in eager)
     assert names[: len(eager)] == names[len(eager) : 2 * len(eager)] == eager
-    assert names.count("compiled 10") == names.count("ac compiled 2") == 1
+    assert {n.split("@")[1] for n in eager} == {str(w["dim"]) for w in widths()}
+    assert all(names.count(run_name(v, L, w)) == 1 for v in ("compiled", "ac compiled") for L in DEPTHS for w in widths())
     rows = [{"config": "eager 2", "host_step_s": s} for s in (0.9, 0.1, 0.2)] + [{"config": "compiled 2", "host_step_s": 0.4}]
     assert host_times(rows) == {"eager 2": 0.2, "compiled 2": 0.4}
 
 
 @pytest.mark.parametrize("quick", [False, True])
-def test_the_host_runs_are_one_model_at_a_planned_model_s_kernel_sizes(quick):
-    """Every timed run is the lab's own config of one model (the counts are traced from it), at the
-    planned models' widths on the device; the accumulation run doubles the batch, each of its two
-    microbatches the others' batch."""
+def test_the_host_runs_are_one_model_per_width_at_a_planned_model_s_kernel_sizes(quick):
+    """Every timed run is the lab's own config of one model per width (the counts are traced from it);
+    the accumulation run doubles the batch, each of its two microbatches the others' batch. On the
+    device the widths bracket the models the plan is checked against (plan_accuracy.py)."""
     runs = dict(host_runs(2, quick))
-    width = WIDTHS["quick" if quick else "device"]
-    for name, overrides in runs.items():
-        run = compose_run(*overrides)
-        assert (run.model.dim, run.train.seq_len) == (width["dim"], width["seq"])
-        assert run.train.batch_size // run.train.microbatches == width["batch"], name
-    assert compose_run(*runs["mb2 10"]).train.microbatches == 2
-    if not quick:  # a block's kernels take about what a 0.2-1B model's do, not microseconds
-        assert width["dim"] >= 1024 and width["seq"] * width["batch"] >= 4096
+    for w in widths(quick):
+        for name, overrides in runs.items():
+            if name.endswith(f"@{w['dim']}"):
+                run = compose_run(*overrides)
+                assert (run.model.dim, run.train.seq_len) == (w["dim"], w["seq"])
+                assert run.train.batch_size // run.train.microbatches == w["batch"], name
+        assert compose_run(*runs[run_name("mb2", 10, w)]).train.microbatches == 2
+    if not quick:  # a block's kernels take what a 0.2-1B model's do, not microseconds
+        checked = load("plan_accuracy")
+        dims = [int(dict(o.split("=") for o in m)["model.dim"]) for m in (checked.LLAMA_150M, checked.LLAMA_1B)]
+        assert widths()[0]["dim"] < min(dims) and widths()[-1]["dim"] > max(dims)
+        assert all(w["seq"] * w["batch"] >= 4096 for w in widths())
 
 
 def test_blocks_and_the_rest_add_up_to_the_whole_model_priced_op_by_op(planned):
@@ -271,6 +277,24 @@ def test_an_ac_candidates_host_time_grows_by_the_calibrated_checkpoint_figure(pl
         lay, model = dataclasses.replace(layout, ac=ac, compile=compiled), predictor.model(ac)
         added = step_time(model, lay, checkpointing, 8)["host_s"] - step_time(model, lay, without, 8)["host_s"]
         assert added == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_table_of_two_widths_prices_the_host_at_the_model_s_block_kernel_time(planned):
+    """A table calibrated at two widths: a block whose kernels take between the widths' has its host
+    priced between the two widths' figures (the host's time is linear in them: at the geometric middle,
+    the mean of theirs); a block smaller than both, at the narrower width's as they are."""
+    _, candidates, _, _, predictor = planned
+    layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=1, tp=1, dp_replicate=1, dp_shard=1)
+    model, device = predictor.model(layout.ac), predictor.device
+    k = kernel_s(model.parts(layout.microbatch_size, 1, device)[0]["fwd"])
+    narrow, wide = {**device.host, "op_s": 4e-6, "step_s": 1e-3}, {**device.host, "op_s": 8e-6, "step_s": 3e-3}
+
+    def host_s(section):
+        return step_time(model, layout, Device(device.name, {**device.table, "host": section}), 8)["host_s"]
+
+    between = host_s({"widths": [{**narrow, "block_kernel_s": k / 2}, {**wide, "block_kernel_s": 2 * k}]})
+    assert host_s(narrow) < between < host_s(wide) and between == pytest.approx((host_s(narrow) + host_s(wide)) / 2, rel=1e-9)
+    assert host_s({"widths": [{**narrow, "block_kernel_s": 2 * k}, {**wide, "block_kernel_s": 4 * k}]}) == pytest.approx(host_s(narrow), rel=1e-12)
 
 
 HOST_FREE = {k: 0.0 for k in ("op_s", "step_s", "compiled_kernel_s", "compiled_step_s")}

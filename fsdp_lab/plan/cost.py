@@ -6,7 +6,8 @@ attention by shape from the measured tables, everything else by the bytes it mov
 matmuls and the sharded activations and adds its all-reduces; FSDP's all-gathers and
 reduce-scatters run on a comm stream beside the compute, unit by unit, as FSDP2 issues them
 (prefetching one unit ahead); PP runs a stage's share of the blocks with the schedule's bubble.
-The CPU issues every op, unit by unit, at the device table's measured host cost (fsdp_lab/plan/host.py):
+The CPU issues every op, unit by unit, at the device table's measured host cost (fsdp_lab/plan/host.py,
+read at the block's kernel time):
 a unit's kernels finish no earlier than the host has issued them, so a step whose host work outruns
 its GPU work is host-bound (its optimizer runs after the host's last launch), and one whose GPU work
 is longer hides the host's."""
@@ -17,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from fsdp_lab.plan.device import Device
+from fsdp_lab.plan.host import kernel_s
 from fsdp_lab.plan.trace import Op, Trace
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -208,7 +210,7 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
             factor *= compiled_share if layout.compile else 1.0
         return p.mm + p.attn + p.mem * factor
 
-    host = device.host
+    host = device.host_figures(kernel_s(block["fwd"]))  # the host's cost per op follows the kernels' size
     tp_ar = device.collective_s("all_reduce", block["fwd"].hidden_bytes, tp_size, tp_inter) if tp > 1 else 0.0
     tp_host = host.get("tp_kernel_s", 0.0) if tp > 1 else 0.0  # absent: measured without TP (one GPU)
 

@@ -96,9 +96,16 @@ class Device:
 
     @property
     def host(self) -> dict:
-        """Host seconds per op dispatched, per TP matmul, per compiled kernel, per checkpointed block
-        (eager and compiled), per step (fsdp_lab/plan/host.py)."""
+        """The table's host section as calibrated: one width's figures, or {"widths": [...]}."""
         return self.table["host"]
+
+    def host_figures(self, block_kernel_s: float) -> dict:
+        """Host seconds per op dispatched, per TP matmul, per compiled kernel, per checkpointed block
+        (eager and compiled), per step, for a block whose forward kernels take block_kernel_s
+        (fsdp_lab/plan/host.py: host_figures decides how the calibrated widths are read)."""
+        from fsdp_lab.plan.host import host_figures
+
+        return host_figures(self.table["host"], block_kernel_s)
 
 
 @lru_cache(maxsize=None)

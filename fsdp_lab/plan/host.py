@@ -1,11 +1,12 @@
 """The host's cost of issuing a step, measured on the device by benchmarks/calibrate_device.py.
 
-A Llama of a planned model's kernel sizes (its block 1536 wide, 4 x 2048 tokens; a vocabulary of
-512 keeps the rest small) runs the lab's own trainer at two depths, eager, with TP and compiled;
+A Llama of a planned model's kernel sizes (4 x 2048 tokens, at the two widths of WIDTHS; a vocabulary
+of 512 keeps the rest small) runs the lab's own trainer at two depths, eager, with TP and compiled;
 each run reports the host's time to issue a step (perf.host_step_s: from the step's start to its
 last op, before the loss's sync waits for the GPU), so the GPU's share of the step does not enter.
 The host's time per op grows with the kernels' size: a 256-wide model's host-bound steps priced the
-host of 150m and 1b models' steps 10-30% short (their host time measured on an H200). The host
+host of 150m and 1b models' steps 10-30% short, and one 1536-wide model priced the 150m model's
+25-36% over (their host time measured on an H200). The host
 times' difference per block, divided by what the plan's trace counts in a block (ops dispatched;
 matmul and attention calls), gives seconds per op, the extra per TP matmul (DTensor dispatch,
 redistribution) and per compiled block's kernel (model.compile compiles the loss too, so the
@@ -16,17 +17,31 @@ microbatch's ops, per block and for the rest. A run with activation checkpointin
 adds per block beyond the ops the trace counts (the trace records the recomputed forward's ops in
 backward, so those are plain ops already): checkpoint's hooks and saved-tensor bookkeeping;
 compiled as well, beyond its compiled kernels. None of it comes from the configurations the plan
-is checked against."""
+is checked against.
+
+The whole set is timed at two widths (WIDTHS), each width's figures fitted on their own, and the plan
+reads the host's figures at a block's forward kernel time (host_figures): one calibrated width's where
+the block's kernels take as long, between two widths interpolated in log kernel time, beyond the
+calibrated widths the nearest one's (clamped: two noisy points do not say how the host's cost
+goes on). Kernel time, not width: it is what the host's time follows (a guess: the driver's launch path
+slows while long kernels run), and it carries over to a user's model of other proportions, to TP's
+split kernels, to a smaller microbatch and to another device, where a width would not."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
-# The op count of a block does not depend on its width: the widths only set the kernels' size.
-# `quick` (calibrate_device.py --quick, a CPU) runs the same structure at a width a CPU can train.
-WIDTHS = {"device": {"dim": 1536, "heads": 12, "ffn": 4096, "seq": 2048, "batch": 4},
-          "quick": {"dim": 256, "heads": 4, "ffn": 512, "seq": 128, "batch": 1}}
+# The op count of a block does not depend on its width: the widths only set the kernels' size. On the
+# device, a Llama narrower than the 0.2B planned models (768) and one wider than the 1B (2304), heads
+# of 128, ffn about 8/3 of the width: their blocks' kernel times bracket the models the plan is checked
+# against (benchmarks/plan_accuracy.py: 1024 and 2048 wide). `quick` (calibrate_device.py --quick, a
+# CPU) runs the same structure at widths a CPU can train.
+WIDTHS = {"device": ({"dim": 768, "heads": 6, "ffn": 2048, "seq": 2048, "batch": 4},
+                     {"dim": 2304, "heads": 18, "ffn": 6144, "seq": 2048, "batch": 4}),
+          "quick": ({"dim": 128, "heads": 2, "ffn": 256, "seq": 128, "batch": 1},
+                    {"dim": 256, "heads": 4, "ffn": 512, "seq": 128, "batch": 1})}
 HOST_MODEL = ("model.dim={dim}", "model.n_layers={layers}", "model.n_heads={heads}", "model.ffn_dim={ffn}", "model.vocab_size=512",
               "train.seq_len={seq}", "fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32")
 # The median of 30 steps after 10 of warm-up: a host's time wanders by tens of microseconds from
@@ -43,23 +58,32 @@ VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true"
             "ac compiled": ("ac=full", "model.compile=true")}  # ... and compiled, checkpoint inside the compiled block
 
 
-def model_overrides(layers: int, quick: bool = False) -> list[str]:
-    """The host model at `layers` blocks (its batch apart)."""
-    return [o.format(layers=layers, **WIDTHS["quick" if quick else "device"]) for o in HOST_MODEL]
+def widths(quick: bool = False) -> tuple[dict, ...]:
+    return WIDTHS["quick" if quick else "device"]
+
+
+def model_overrides(layers: int, width: dict) -> list[str]:
+    """The host model at `layers` blocks of one of WIDTHS (its batch apart)."""
+    return [o.format(layers=layers, **width) for o in HOST_MODEL]
+
+
+def run_name(variant: str, layers: int, width: dict) -> str:
+    return f"{variant} {layers} @{width['dim']}"
 
 
 def host_runs(world_size: int, quick: bool = False) -> list[tuple[str, list[str]]]:
-    """(name, overrides) of the timed runs, the eager ones ROUNDS times over, round after round (a name
-    repeats: its figure is the median of its runs); TP needs two ranks."""
+    """(name, overrides) of the timed runs at every width, the eager ones ROUNDS times over, round after
+    round (a name repeats: its figure is the median of its runs), each round through both widths, so a
+    host's drift over the call reaches both alike; TP needs two ranks."""
     variants = {k: v for k, v in VARIANTS.items() if k != "tp" or world_size >= 2}
-    batch = WIDTHS["quick" if quick else "device"]["batch"]
 
-    def run(v, L):
-        return (f"{v} {L}", model_overrides(L, quick) + list(TIMED) + [f"train.batch_size={batch * (2 if v == 'mb2' else 1)}", *variants[v]])
+    def run(v, L, w):
+        return (run_name(v, L, w), model_overrides(L, w) + list(TIMED) + [f"train.batch_size={w['batch'] * (2 if v == 'mb2' else 1)}", *variants[v]])
 
-    eager = [run(v, L) for v in variants if "model.compile=true" not in variants[v] for L in DEPTHS]
-    compiled = [run(v, L) for v in variants if "model.compile=true" in variants[v] for L in DEPTHS]
-    return eager * ROUNDS + compiled
+    def of(compiled):
+        return [run(v, L, w) for w in widths(quick) for v in variants if ("model.compile=true" in variants[v]) == compiled for L in DEPTHS]
+
+    return of(False) * ROUNDS + of(True)
 
 
 def host_times(rows: list[dict]) -> dict[str, float]:
@@ -81,14 +105,14 @@ class Counts:
     ac_kernels: int  # ... and matmul and attention calls
 
 
-def traced_counts(quick: bool = False) -> dict[int, Counts]:
+def traced_counts(width: dict) -> dict[int, Counts]:
     """The plan's trace of the host model at each depth (the same trace the cost model reads)."""
     from fsdp_lab.plan.predict import run_of
     from fsdp_lab.plan.trace import trace_step
 
     out = {}
     for L in DEPTHS:
-        run = run_of(model_overrides(L, quick))
+        run = run_of(model_overrides(L, width))
         t = trace_step(run, layers=L, batch=1, ac="none")
         ac = trace_step(run, layers=L, batch=1, ac="full")
         out[L] = Counts(t.host_ops["fwd"] + t.host_ops["bwd"], _kernels(t), ac.host_ops["fwd"] + ac.host_ops["bwd"], _kernels(ac))
@@ -133,3 +157,49 @@ def fit_host(host_s: dict[str, float], counts: dict[int, Counts]) -> dict:
     out["traced"] = {"ops_per_block": ops_block, "kernels_per_block": kernels_block, "rest_ops": rest_ops, "rest_kernels": rest_kernels,
                      "ac_ops_per_block": ac_ops_block, "ac_kernels_per_block": ac_kernels_block}
     return out
+
+
+def kernel_s(block_fwd) -> float:
+    """What the host's figures are read at: a block's forward kernels on the GPU as the plan prices them
+    (fsdp_lab.plan.cost.Parts: matmuls, attention and elementwise bytes at the bandwidth), at the
+    microbatch's size and the layout's TP split; the same with AC or without, eager or compiled."""
+    return block_fwd.mm + block_fwd.attn + block_fwd.mem
+
+
+def width_kernel_s(width: dict, device) -> float:
+    """kernel_s of the host model's block at `width` and its batch, priced on `device`."""
+    from fsdp_lab.plan.predict import Predictor, run_of
+
+    model = Predictor(run_of(model_overrides(2, width)), device, gpus_per_node=1).model("none")
+    block, _ = model.parts(width["batch"], 1, device)
+    return kernel_s(block["fwd"])
+
+
+def fit_widths(host_s: dict[str, float], device, quick: bool = False) -> list[dict]:
+    """A section per width (fit_host of its runs, from `host_s` by run name), with the width and its
+    block's kernel_s on `device` (the table's kernel sections), as host_figures reads them."""
+    out = []
+    for w in widths(quick):
+        suffix = f" @{w['dim']}"
+        own = {name.removesuffix(suffix): s for name, s in host_s.items() if name.endswith(suffix)}
+        out.append({**fit_host(own, traced_counts(w)), "dim": w["dim"], "block_kernel_s": width_kernel_s(w, device)})
+    return out
+
+
+def host_figures(section: dict, block_kernel_s: float) -> dict:
+    """The host's figures for a block whose forward kernels take block_kernel_s: a section of one
+    calibrated width (older tables: {"op_s": ...}) at any kernel time; a section of several widths
+    ({"widths": [...]}, each with its block_kernel_s) interpolated in log kernel time between the two
+    widths around it, each figure both have, clamped to the nearest width's beyond them."""
+    points = sorted(section.get("widths", ()), key=lambda w: w["block_kernel_s"])
+    if not points:
+        return section
+    k = min(max(block_kernel_s, points[0]["block_kernel_s"]), points[-1]["block_kernel_s"])
+    lo, hi = next(((a, b) for a, b in zip(points, points[1:]) if k <= b["block_kernel_s"]), (points[0], points[0]))
+    span = math.log(hi["block_kernel_s"] / lo["block_kernel_s"])
+    t = math.log(k / lo["block_kernel_s"]) / span if span else 0.0
+    figures = {**lo, **hi}  # a figure one width lacks: the other's
+    for name, v in lo.items():
+        if isinstance(v, float) and isinstance(hi.get(name), float):
+            figures[name] = v + (hi[name] - v) * t
+    return figures

@@ -1,0 +1,61 @@
+"""The host's figures at two calibrated widths (fsdp_lab/plan/host.py): read at a block's kernel time,
+interpolated between the widths in log kernel time, clamped beyond them; each width fitted from its
+own runs; older tables of one width read as they are."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsdp_lab.plan.device import load_device
+from fsdp_lab.plan.host import DEPTHS, fit_widths, host_figures, run_name, traced_counts, widths
+
+NARROW = {"dim": 768, "block_kernel_s": 1e-3, "op_s": 4e-6, "step_s": 2e-3, "ac_block_s": 5e-4}
+WIDE = {"dim": 2304, "block_kernel_s": 4e-3, "op_s": 6e-6, "step_s": 3e-3}  # no AC figure: the other width's is read
+
+
+def test_a_block_between_the_widths_gets_figures_between_theirs_in_log_kernel_time():
+    section = {"widths": [WIDE, NARROW]}  # in any order
+    middle = host_figures(section, 2e-3)  # the geometric middle of 1 and 4 ms
+    assert middle["op_s"] == pytest.approx(5e-6) and middle["step_s"] == pytest.approx(2.5e-3)
+    assert host_figures(section, 1e-3)["op_s"] == pytest.approx(4e-6) and host_figures(section, 4e-3)["op_s"] == pytest.approx(6e-6)
+    ops = [host_figures(section, k)["op_s"] for k in (1.2e-3, 1.5e-3, 2.5e-3, 3.5e-3)]
+    assert 4e-6 < ops[0] < ops[1] < ops[2] < ops[3] < 6e-6
+    assert middle["ac_block_s"] == 5e-4
+
+
+def test_beyond_the_calibrated_widths_the_nearest_width_s_figures_are_read():
+    section = {"widths": [NARROW, WIDE]}
+    for k, edge in ((1e-5, NARROW), (9e-4, NARROW), (5e-3, WIDE), (1.0, WIDE)):
+        figures = host_figures(section, k)
+        assert (figures["op_s"], figures["step_s"]) == pytest.approx((edge["op_s"], edge["step_s"]))
+
+
+def test_a_table_of_one_calibrated_width_is_read_at_every_kernel_time():
+    """h100-80gb.json keeps the older section ({"op_s": ...}, no widths): it loads, and its figures
+    are the step's at any block size."""
+    h100 = load_device("h100-80gb")
+    assert "widths" not in h100.host
+    for k in (1e-5, 1e-3, 1.0):
+        assert h100.host_figures(k) == h100.host and h100.host_figures(k)["op_s"] > 0
+
+
+def test_the_shipped_h200_table_has_a_section_per_width_its_blocks_priced_by_size():
+    sections = load_device("h200").host["widths"]
+    assert [s["dim"] for s in sections] == [w["dim"] for w in widths()]
+    assert 0 < sections[0]["block_kernel_s"] < sections[1]["block_kernel_s"]
+    assert all(s["op_s"] > 0 and s["traced"]["ops_per_block"] > 0 for s in sections)
+
+
+def test_each_width_is_fitted_from_its_own_runs_and_priced_at_its_block_s_kernel_time():
+    """Host times made from a different cost per op at each width give each width's back, and the
+    wider block's kernels are priced longer on the table calibrate_device writes beside them."""
+    quick = widths(quick=True)
+    counts = traced_counts(quick[0])  # a block's op count does not depend on its width
+    op_s = {quick[0]["dim"]: 4e-6, quick[1]["dim"]: 7e-6}
+    host_s = {run_name(v, L, w): (2 if v == "mb2" else 1) * counts[L].ops * op_s[w["dim"]] + 1e-3
+              for w in quick for v in ("eager", "mb2", "ac", "compiled", "ac compiled") for L in DEPTHS}
+    sections = fit_widths(host_s, load_device("h200"), quick=True)
+    assert [s["dim"] for s in sections] == [w["dim"] for w in quick]
+    assert [s["op_s"] for s in sections] == pytest.approx([4e-6, 7e-6])
+    assert [s["step_s"] for s in sections] == pytest.approx([1e-3, 1e-3])
+    assert 0 < sections[0]["block_kernel_s"] < sections[1]["block_kernel_s"]
