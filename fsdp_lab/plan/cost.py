@@ -35,7 +35,7 @@ COMPILED_ELEMENTWISE = 0.5
 OPTIMIZER_BYTES_PER_PARAM = 28 + 4
 # Clipping (optim.max_norm) reads and writes every float32 gradient once more, inside a fused step
 # (fsdp_lab.optim.Optimization.folds_clipping) or as its own pass; the tables time the step unclipped.
-# On the H200 at 0.95B these bytes price 1.74 ms, the fused step measured 1.35 ms longer and the pass 2.07.
+# On the H200 at 0.95B these bytes price 1.75 ms, the fused step measured 1.35 ms longer and the pass 2.07.
 CLIP_BYTES_PER_PARAM = 8
 SHARD_BYTES = 4  # FSDP2 keeps the sharded parameters and their gradients in float32
 
