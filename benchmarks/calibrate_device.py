@@ -12,8 +12,9 @@ gradient norm the trainer takes) per parameter.
 
 Rank 0 writes the table; every rank takes part in the collectives. `--host-only` measures the host
 section alone into an existing table (its kernel sections price the host model's blocks, which the
-host's figures are read by). `--quick` (and a CPU machine) runs tiny shapes, to check the script itself. Sections a run does not measure (the collectives on one GPU, the hand-written `spec`)
-are kept from the existing --out table."""
+host's figures are read by). `--quick` (and a CPU machine) runs tiny shapes, to check the script
+itself. Sections a run does not measure (the collectives on one GPU, the hand-written `spec`) are kept
+from the existing --out table."""
 
 from __future__ import annotations
 

@@ -23,9 +23,11 @@ The whole set is timed at two widths (WIDTHS), each width's figures fitted on th
 reads the host's figures at a block's forward kernel time (host_figures): one calibrated width's where
 the block's kernels take as long, between two widths interpolated in log kernel time, beyond the
 calibrated widths the nearest one's (clamped: two noisy points do not say how the host's cost
-goes on). Kernel time, not width: it is what the host's time follows (a guess: the driver's launch path
-slows while long kernels run), and it carries over to a user's model of other proportions, to TP's
-split kernels, to a smaller microbatch and to another device, where a width would not."""
+goes on). Kernel time, not width: it is what the host's time was seen to follow at one machine start
+(a guess: the driver's launch path slows while long kernels run; at the shipped H200 calibration the
+cost per op hardly moved, +4% from 768 to 2304 wide), and it carries over to a user's model of other
+proportions, to TP's split kernels, to a smaller microbatch and to another device, where a width
+would not."""
 
 from __future__ import annotations
 
