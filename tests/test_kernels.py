@@ -13,10 +13,13 @@ import sys
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
 
-from fsdp_lab.models.kernels import rotary
+from fsdp_lab.models.kernels import rotary, swiglu
 from fsdp_lab.models.kernels.launch import as_on_a_gpu
 from fsdp_lab.models.transformer import FeedForward
+from worlds import fake_group
 
 # Rows (2 x 7 x 3 = 42) not a multiple of a program's, 24 lanes padded to 32, 2 x 7 x 3 x 24 SwiGLU
 # elements not a multiple of a program's: the masks are exercised. Values spread over many binades,
@@ -85,3 +88,15 @@ def test_a_trace_that_models_a_gpu_takes_the_kernels_and_keeps_what_they_keep():
         assert ffn_saves(fake=True).count(hidden) == 2, "the kernel keeps gate and up; silu's output is computed again"
         assert ffn_saves(fake=False).count(hidden) == 3, "real CPU tensors: PyTorch's ops"
     assert ffn_saves(fake=True).count(hidden) == 3, "outside the trace's context again"
+
+
+def test_a_trace_leaves_a_fake_dtensor_to_pytorchs_ops():
+    """A TP layer's output split unevenly stays a DTensor (tp_styles.HiddenColwise), which a GPU run
+    gives PyTorch's ops: the estimate's trace must too, or it keeps no silu output where the run does."""
+    with fake_group(2):
+        mesh = init_device_mesh("cpu", (2,))
+        with FakeTensorMode(), as_on_a_gpu():
+            local = torch.randn(2, 3, 8)
+            sharded = DTensor.from_local(local, mesh, [Shard(2)], run_check=False)
+            assert swiglu.takes_swiglu(local, local)
+            assert not swiglu.takes_swiglu(sharded, sharded)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
+from torch._subclasses.fake_tensor import FakeTensor
 
 try:
     import triton
@@ -49,7 +49,9 @@ def takes(*tensors: torch.Tensor) -> bool:
     if not available(first.device, first.dtype) or torch.compiler.is_compiling():
         return False
     runs = (lambda t: type(t) is torch.Tensor) if first.device.type == "cuda" and triton is not None else (lambda t: False)
-    return all((runs(t) or is_fake(t)) and t.is_contiguous() and t.dtype == first.dtype for t in tensors)
+    # A trace's plain fake tensors only: is_fake() says yes to a DTensor holding fake ones too (a TP
+    # layer's output split unevenly, tp_styles.HiddenColwise), which a GPU run gives PyTorch's ops.
+    return all((runs(t) or isinstance(t, FakeTensor)) and t.is_contiguous() and t.dtype == first.dtype for t in tensors)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -60,7 +62,7 @@ def run(kernel, grid, *args, **constants) -> None:
     """kernel[grid](*args, **constants), except on a trace's fake tensors, which only stand for the
     outputs the caller made; without fused multiply-adds, which would round once where PyTorch's ops
     round twice (a kernel writes each fma it wants)."""
-    if not any(is_fake(a) for a in args if isinstance(a, torch.Tensor)):
+    if not any(isinstance(a, FakeTensor) for a in args):
         kernel[grid](*args, **constants, enable_fp_fusion=False)
 
 
