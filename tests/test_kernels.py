@@ -17,8 +17,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 from fsdp_lab.models.kernels import rotary, swiglu
-from fsdp_lab.models.kernels.launch import as_on_a_gpu
+from fsdp_lab.models.kernels.launch import as_on_a_gpu, watching_launches
 from fsdp_lab.models.transformer import FeedForward
+from fsdp_lab.plan.trace import OpRecorder
 from worlds import fake_group
 
 # Rows (2 x 7 x 3 = 42) not a multiple of a program's, 24 lanes padded to 32, 2 x 7 x 3 x 24 SwiGLU
@@ -100,3 +101,32 @@ def test_a_trace_leaves_a_fake_dtensor_to_pytorchs_ops():
             sharded = DTensor.from_local(local, mesh, [Shard(2)], run_check=False)
             assert swiglu.takes_swiglu(local, local)
             assert not swiglu.takes_swiglu(sharded, sharded)
+
+
+def launches(fn, *shapes) -> list[tuple[str, int, dict]]:
+    """(kernel, bytes of its tensor arguments, constants) of each launch fn makes on fake bf16 tensors
+    of these shapes (no memory: sizes a GPU run reaches cost nothing here)."""
+    seen = []
+    watch = lambda name, tensors, constants: seen.append((name, sum(t.nbytes for t in tensors), constants))  # noqa: E731
+    with FakeTensorMode(), as_on_a_gpu(), watching_launches(watch):
+        inputs = [torch.empty(s, dtype=torch.bfloat16, requires_grad=True) for s in shapes]
+        out = fn(*inputs)
+        out.backward(torch.empty_like(out))
+    return seen
+
+
+def test_the_plans_trace_prices_each_launch_as_one_kernel():
+    """The plan prices a step from its trace's ops (plan/trace.py): a launch, which no aten op shows,
+    is one kernel reading and writing its tensor arguments (one dispatch on the host), and the
+    outputs it writes into are allocations that move no bytes."""
+    with FakeTensorMode(), as_on_a_gpu():
+        ffn = FeedForward(8, 16)
+        x = torch.randn(2, 3, 8, requires_grad=True)
+        recorder = OpRecorder()
+        with recorder:
+            ffn(x).sum().backward()
+    hidden = 2 * 3 * 16 * 4  # bytes of gate, up, their product and each gradient (float32)
+    elementwise = {(op.name, op.phase): op.dims[0] for op in recorder.ops if op.kind == "mem"}
+    assert elementwise["swiglu._forward_kernel", "fwd"] == 3 * hidden, "reads gate and up, writes the product"
+    assert elementwise["swiglu._backward_kernel", "bwd"] == 5 * hidden, "reads the gradient, gate and up, writes 2"
+    assert not any(name == "empty_like" for name, _ in elementwise)

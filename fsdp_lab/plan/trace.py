@@ -19,10 +19,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from fsdp_lab.config import RunConfig
+from fsdp_lab.models.kernels.launch import watching_launches
 from fsdp_lab.mesh import ParallelDims
 
 MATMULS = {"mm", "addmm", "bmm", "baddbmm"}
-FREE = {"empty", "empty_strided", "detach", "alias", "lift_fresh", "_local_scalar_dense", "set_", "_unsafe_view"}
+# Ops that move no bytes on a GPU (allocations, views, metadata): host work only.
+FREE = {"empty", "empty_like", "empty_strided", "detach", "alias", "lift_fresh", "_local_scalar_dense", "set_", "_unsafe_view"}
 BLOCK_PARAM = re.compile(r"(^|\.)\d+\.")  # a parameter inside a block: a child of a ModuleList
 TRACE_WORLD = 2  # the smallest world that shards: FSDP's path, its hooks and buffers, at the least cost
 
@@ -39,7 +41,9 @@ class Op:
 class OpRecorder(TorchDispatchMode):
     """Records every op that runs on plain (local) tensors: views cost nothing, DTensor ops come back
     as the local ops they run, c10d ops are priced by the cost model. RMSNorm runs as the GPU runs it:
-    one fused kernel each way (on the CPU it decomposes into a chain of fp32 elementwise ops)."""
+    one fused kernel each way (on the CPU it decomposes into a chain of fp32 elementwise ops); each
+    launch of the lab's Triton kernels (models/kernels/), which no aten op shows, is one kernel that
+    reads and writes its tensor arguments."""
 
     def __init__(self):
         super().__init__()
@@ -107,12 +111,14 @@ class _FusedRMSNorm(torch.autograd.Function):
 
 class _FusedKernels:
     """nn.RMSNorm's forward through _FusedRMSNorm while recording (its recomputation under activation
-    checkpointing too, which calls the module's forward again)."""
+    checkpointing too, which calls the module's forward again), and the Triton kernels' launches."""
 
     def __init__(self, recorder: OpRecorder):
         self.recorder = recorder
+        self.launches = watching_launches(lambda name, tensors, constants: recorder.record(name, tensors))
 
     def __enter__(self):
+        self.launches.__enter__()
         recorder, self.original = self.recorder, nn.RMSNorm.forward
 
         def forward(module: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
@@ -125,7 +131,7 @@ class _FusedKernels:
 
     def __exit__(self, *exc):
         nn.RMSNorm.forward = self.original
-        return False
+        return self.launches.__exit__(*exc)
 
 
 def _nbytes(tensors) -> int:

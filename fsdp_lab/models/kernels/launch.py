@@ -22,6 +22,7 @@ except ImportError:  # a CPU install: no kernel runs; a trace that models a GPU 
 
 DTYPES = (torch.bfloat16, torch.float32)  # what `rounded` rounds to
 _modelling_a_gpu = False  # set by as_on_a_gpu()
+_watchers: list = []  # watching_launches()'s callbacks
 
 
 @contextlib.contextmanager
@@ -34,6 +35,17 @@ def as_on_a_gpu():
         yield
     finally:
         _modelling_a_gpu = before
+
+
+@contextlib.contextmanager
+def watching_launches(watch):
+    """Inside, each launch on a trace's fake tensors calls watch(kernel name, its tensor arguments,
+    its constants): the plan's trace records the kernel there (plan/trace.py), which no aten op shows."""
+    _watchers.append(watch)
+    try:
+        yield
+    finally:
+        _watchers.remove(watch)
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -60,10 +72,14 @@ def cdiv(a: int, b: int) -> int:
 
 def run(kernel, grid, *args, **constants) -> None:
     """kernel[grid](*args, **constants), except on a trace's fake tensors, which only stand for the
-    outputs the caller made; without fused multiply-adds, which would round once where PyTorch's ops
+    outputs the caller made (watching_launches' callbacks see the launch); without fused multiply-adds, which would round once where PyTorch's ops
     round twice (a kernel writes each fma it wants)."""
-    if not any(isinstance(a, FakeTensor) for a in args):
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not any(isinstance(t, FakeTensor) for t in tensors):
         kernel[grid](*args, **constants, enable_fp_fusion=False)
+        return
+    for watch in _watchers:
+        watch(f"{kernel.__module__.rsplit('.', 1)[-1]}.{kernel.__name__}", tensors, constants)
 
 
 @jit
