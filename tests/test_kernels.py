@@ -115,6 +115,20 @@ def launches(fn, *shapes) -> list[tuple[str, int, dict]]:
     return seen
 
 
+def test_offsets_pass_to_int64_where_int32_would_wrap():
+    """Triton computes offsets in int32 (program ids, aranges); past 2^31 elements a wrapped offset
+    writes before the tensor. SwiGLU at the 8B shape's hidden 14336 and 4096 tokens a sequence
+    passes 2^31 elements from 37 sequences; the rotation of q and k (64 heads of 128) from 65."""
+    def wide(fn, *shapes):
+        return {c["INT64"] for _, _, c in launches(fn, *shapes)}
+
+    assert wide(swiglu.swiglu, (36, 4096, 14336), (36, 4096, 14336)) == {False}
+    assert wide(swiglu.swiglu, (37, 4096, 14336), (37, 4096, 14336)) == {True}
+    tables = (1, 4096, 1, 128)
+    assert wide(rotary.rotate, (64, 4096, 64, 128), tables, tables) == {False}
+    assert wide(rotary.rotate, (65, 4096, 64, 128), tables, tables) == {True}
+
+
 def test_the_plans_trace_prices_each_launch_as_one_kernel():
     """The plan prices a step from its trace's ops (plan/trace.py): a launch, which no aten op shows,
     is one kernel reading and writing its tensor arguments (one dispatch on the host), and the

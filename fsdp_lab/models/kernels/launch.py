@@ -70,16 +70,35 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def int64_offsets(end: int) -> bool:
+    """Whether a kernel's element offsets, up to `end` (one past the last program's last lane), pass
+    int32's range: Triton computes them in int32 (program ids, aranges), and a wrapped offset
+    addresses memory before the tensor. SwiGLU at the 8B shape's hidden 14336 passes it from 37
+    sequences of 4096 tokens; below it the kernels keep int32 offsets, as measured."""
+    return end > 2**31
+
+
 def run(kernel, grid, *args, **constants) -> None:
     """kernel[grid](*args, **constants), except on a trace's fake tensors, which only stand for the
-    outputs the caller made (watching_launches' callbacks see the launch); without fused multiply-adds, which would round once where PyTorch's ops
-    round twice (a kernel writes each fma it wants)."""
+    outputs the caller made (watching_launches' callbacks see the launch); without fused
+    multiply-adds, which would round once where PyTorch's ops round twice (a kernel writes each fma
+    it wants)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not any(isinstance(t, FakeTensor) for t in tensors):
         kernel[grid](*args, **constants, enable_fp_fusion=False)
         return
     for watch in _watchers:
         watch(f"{kernel.__module__.rsplit('.', 1)[-1]}.{kernel.__name__}", tensors, constants)
+
+
+@jit
+def program_index(INT64: tl.constexpr):
+    """tl.program_id(0), in int64 where the offsets a kernel computes from it pass int32's range
+    (int64_offsets)."""
+    index = tl.program_id(0)
+    if INT64:
+        index = index.to(tl.int64)
+    return index
 
 
 @jit

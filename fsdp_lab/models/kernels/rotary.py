@@ -3,7 +3,7 @@
 In PyTorch's ops (transformer.rotate_pairs) the rotation is 4 elementwise kernels forward and about
 as many backward, each reading and writing the whole q/k activation: at the speed benchmark's shape
 (q and k of 4 x 2048 tokens, 32 heads of 128) 0.504 ms a block forward and backward on an H200, the
-kernel 0.202 ms (benchmarks/rotary_forms.py). It reads x once, writes the result once and reads the
+kernel 0.196 ms (benchmarks/rotary_forms.py). It reads x once, writes the result once and reads the
 tables at (seq, head_dim) instead of tables as large as x.
 
 Bit for bit what the ops compute: each product and the sum rounded to x's dtype. Backward is the
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from fsdp_lab.models.kernels.launch import available, cdiv, jit, rounded, run, takes, tl
+from fsdp_lab.models.kernels.launch import available, cdiv, int64_offsets, jit, program_index, rounded, run, takes, tl
 
 ELEMENTS_PER_PROGRAM = 4096  # a program rotates as many whole rows of head_dim lanes as make this many
 
@@ -53,8 +53,9 @@ def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bo
     rows = batch * seq * heads
     block_dim = 1 << (head_dim - 1).bit_length()  # lanes a program reads per row: a power of 2
     block_rows = max(1, ELEMENTS_PER_PROGRAM // block_dim)
-    run(_rotate_kernel, (cdiv(rows, block_rows),), x, cos, sin, out, rows, heads, seq,
-        HEAD_DIM=head_dim, BLOCK_DIM=block_dim, BLOCK_ROWS=block_rows, BACKWARD=backward)
+    programs = cdiv(rows, block_rows)
+    run(_rotate_kernel, (programs,), x, cos, sin, out, rows, heads, seq, HEAD_DIM=head_dim, BLOCK_DIM=block_dim,
+        BLOCK_ROWS=block_rows, BACKWARD=backward, INT64=int64_offsets(programs * block_rows * block_dim))
     return out
 
 
@@ -66,12 +67,13 @@ def _swapped_pairs(t, ROWS: tl.constexpr, DIM: tl.constexpr):
 
 @jit
 def _rotate_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, rows, heads, seq,
-                   HEAD_DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BACKWARD: tl.constexpr):
+                   HEAD_DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BACKWARD: tl.constexpr,
+                   INT64: tl.constexpr):
     # x's rows are (batch, seq, heads) flattened, read and written whole (vectorized); the tables
     # hold cos on both lanes of a pair and sin negated on the even lane, so that
     #   forward   out = x cos + swapped(x) sin
     #   backward  out = x cos + swapped(x) swapped(sin)   (the transposed rotation)
-    row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row = program_index(INT64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     lane = tl.arange(0, BLOCK_DIM)
     mask = (row[:, None] < rows) & (lane[None, :] < HEAD_DIM)
     at = row[:, None] * HEAD_DIM + lane[None, :]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from fsdp_lab.models.kernels.launch import cdiv, jit, rounded, run, takes, tl
+from fsdp_lab.models.kernels.launch import cdiv, int64_offsets, jit, program_index, rounded, run, takes, tl
 
 BLOCK = 2048  # elements per program
 
@@ -35,7 +35,7 @@ class _SwiGLU(torch.autograd.Function):
     def forward(ctx, gate, up):
         ctx.save_for_backward(gate, up)
         out = torch.empty_like(gate)
-        run(_forward_kernel, _grid(gate), gate, up, out, gate.numel(), BLOCK=BLOCK)
+        run(_forward_kernel, _grid(gate), gate, up, out, gate.numel(), BLOCK=BLOCK, INT64=_int64(gate))
         return out
 
     @staticmethod
@@ -43,12 +43,16 @@ class _SwiGLU(torch.autograd.Function):
         gate, up = ctx.saved_tensors
         grad = grad.contiguous()
         grad_gate, grad_up = torch.empty_like(gate), torch.empty_like(up)
-        run(_backward_kernel, _grid(gate), grad, gate, up, grad_gate, grad_up, gate.numel(), BLOCK=BLOCK)
+        run(_backward_kernel, _grid(gate), grad, gate, up, grad_gate, grad_up, gate.numel(), BLOCK=BLOCK, INT64=_int64(gate))
         return grad_gate, grad_up
 
 
 def _grid(t: torch.Tensor) -> tuple[int]:
     return (cdiv(t.numel(), BLOCK),)
+
+
+def _int64(t: torch.Tensor) -> bool:
+    return int64_offsets(_grid(t)[0] * BLOCK)
 
 
 @jit
@@ -57,8 +61,8 @@ def _silu(gate, dtype: tl.constexpr):
     return rounded(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)), dtype)
 
 @jit
-def _forward_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _forward_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr, INT64: tl.constexpr):
+    at = program_index(INT64) * BLOCK + tl.arange(0, BLOCK)
     mask = at < n
     gate = tl.load(gate_ptr + at, mask=mask)
     dtype = gate.dtype
@@ -67,8 +71,8 @@ def _forward_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + at, out.to(dtype), mask=mask)
 
 @jit
-def _backward_kernel(grad_ptr, gate_ptr, up_ptr, grad_gate_ptr, grad_up_ptr, n, BLOCK: tl.constexpr):
-    at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _backward_kernel(grad_ptr, gate_ptr, up_ptr, grad_gate_ptr, grad_up_ptr, n, BLOCK: tl.constexpr, INT64: tl.constexpr):
+    at = program_index(INT64) * BLOCK + tl.arange(0, BLOCK)
     mask = at < n
     grad = tl.load(grad_ptr + at, mask=mask)
     dtype = grad.dtype
