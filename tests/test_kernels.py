@@ -20,7 +20,6 @@ from fsdp_lab.models.kernels import rotary, swiglu
 from fsdp_lab.models.kernels.launch import as_on_a_gpu, watching_launches
 from fsdp_lab.models.transformer import FeedForward
 from fsdp_lab.plan.trace import OpRecorder
-from worlds import fake_group
 
 # Rows (2 x 7 x 3 = 42) not a multiple of a program's, 24 lanes padded to 32, 2 x 7 x 3 x 24 SwiGLU
 # elements not a multiple of a program's: the masks are exercised. Values spread over many binades,
@@ -91,16 +90,16 @@ def test_a_trace_that_models_a_gpu_takes_the_kernels_and_keeps_what_they_keep():
     assert ffn_saves(fake=True).count(hidden) == 3, "outside the trace's context again"
 
 
-def test_a_trace_leaves_a_fake_dtensor_to_pytorchs_ops():
+def test_a_trace_leaves_a_fake_dtensor_to_pytorchs_ops(fake_group):
     """A TP layer's output split unevenly stays a DTensor (tp_styles.HiddenColwise), which a GPU run
     gives PyTorch's ops: the estimate's trace must too, or it keeps no silu output where the run does."""
-    with fake_group(2):
-        mesh = init_device_mesh("cpu", (2,))
-        with FakeTensorMode(), as_on_a_gpu():
-            local = torch.randn(2, 3, 8)
-            sharded = DTensor.from_local(local, mesh, [Shard(2)], run_check=False)
-            assert swiglu.takes_swiglu(local, local)
-            assert not swiglu.takes_swiglu(sharded, sharded)
+    fake_group(2)
+    mesh = init_device_mesh("cpu", (2,))
+    with FakeTensorMode(), as_on_a_gpu():
+        local = torch.randn(2, 3, 8)
+        sharded = DTensor.from_local(local, mesh, [Shard(2)], run_check=False)
+        assert swiglu.takes_swiglu(local, local)
+        assert not swiglu.takes_swiglu(sharded, sharded)
 
 
 def launches(fn, *shapes) -> list[tuple[str, int, dict]]:
