@@ -13,13 +13,14 @@ Measured on one H200 (torch 2.11), ms per call, forward + backward:
     tables per seq, flip (the lab's before)            0.378          0.353
     tables per seq x heads, flip                       0.341          0.266
     tables per seq x heads, swap by matmul             0.302          0.228
-    tables per batch x seq x heads, flip (the lab's)   0.268          0.266
+    tables per batch x seq x heads, flip (PyTorch's ops) 0.268        0.266
     tables per batch x seq x heads, swap by matmul     0.248          0.227
     tables per seq x heads, addcmul (not bit for bit)  0.327          0.267
     complex64, torchtitan's (not bit for bit)          0.262          0.262
 The swap by matmul is exact but not taken: selective AC (selective=op) keeps every matmul's output,
 and an inf in one lane would spread over the head. Eager blocks on a GPU now rotate in one Triton
-kernel (models/kernels/rotary.py), its tables per seq."""
+kernel (models/kernels/rotary.py), its tables per seq: at --heads 32 (q and k together, batch 4, seq
+2048) 0.196 ms against PyTorch's ops' 0.504, bit for bit (one H200, torch 2.11, 2026-11-23)."""
 
 from __future__ import annotations
 
