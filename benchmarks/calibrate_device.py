@@ -9,11 +9,14 @@ gradient norm the trainer takes) per parameter.
 
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --out fsdp_lab/plan/devices/h200.json
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --host-only --out fsdp_lab/plan/devices/h200.json
+    python benchmarks/calibrate_device.py --refit --out fsdp_lab/plan/devices/h200.json   # CPU, no GPU
 
 Rank 0 writes the table; every rank takes part in the collectives. `--host-only` measures the host
 section alone into an existing table (its kernel sections price the host model's blocks, which the
 host's figures are read by). `--quick` (and a CPU machine) runs tiny shapes, to check the script
-itself. Sections a run does not measure (the collectives on one GPU, the hand-written `spec`) are kept
+itself. `--refit` measures nothing: it fits the table's host and elementwise figures again from its
+stored measurements by the plan's current trace (fsdp_lab/plan/refit.py), on any CPU, after a change
+in what the trace records. Sections a run does not measure (the collectives on one GPU, the hand-written `spec`) are kept
 from the existing --out table."""
 
 from __future__ import annotations
@@ -166,7 +169,14 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="tiny shapes (checks the script; CPU)")
     p.add_argument("--host-only", action="store_true", help="measure the host section alone into the existing --out table")
+    p.add_argument("--refit", action="store_true", help="measure nothing: fit the --out table's figures again by the current trace")
     args = p.parse_args()
+    if args.refit:
+        from fsdp_lab.plan.refit import refit
+
+        out = Path(args.out)
+        out.write_text(json.dumps(refit(json.loads(out.read_text())), indent=1))
+        return
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:

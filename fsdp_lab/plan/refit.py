@@ -1,0 +1,35 @@
+"""A device table's fitted figures again from its own stored measurements, by the plan's current trace
+and pricing: a CPU step, no GPU, for when what the trace records changes (ops added or priced
+otherwise) after the table was measured.
+
+What calibrate_device.py fits divides a measured time by what the plan's trace counts or prices:
+the host's seconds per op (each width's run times over the ops its model traces) and a block's
+`eager_factor` (its measured elementwise time over the pricing of its traced ops). Both halves must
+come from one version of the trace, or a prediction carries the difference; the measurements (the
+runs' host times, the blocks' device times, the kernel sections) stay as measured."""
+
+from __future__ import annotations
+
+from fsdp_lab.plan.device import Device
+from fsdp_lab.plan.elementwise import fit_elementwise
+from fsdp_lab.plan.host import fit_widths, widths
+
+
+def refit(table: dict) -> dict:
+    """`table` (a device table's JSON) with its host and elementwise figures fitted again; its kernel
+    sections, measurements and provenance kept. Refuses a table whose host widths are not the
+    calibration's (their runs cannot be traced as they ran)."""
+    out = dict(table)
+    device = Device(table.get("name", "table"), table)
+    host = table.get("host", {})
+    if "widths" in host:
+        stored = sorted(w["dim"] for w in host["widths"])
+        if stored != sorted(w["dim"] for w in widths()):
+            raise ValueError(f"host widths {stored} are not the calibration's {[w['dim'] for w in widths()]}: measure them again")
+        host_s = {f"{run} @{w['dim']}": s for w in host["widths"] for run, s in w["measured_host_step_s"].items()}
+        out["host"] = {**host, "widths": fit_widths(host_s, device)}
+    if "blocks" in table.get("elementwise", {}):
+        measured = [{k: v for k, v in b.items() if k not in ("priced_elementwise_s", "eager_factor", "compiled_share")}
+                    for b in table["elementwise"]["blocks"]]
+        out["elementwise"] = fit_elementwise(measured, device)
+    return out
