@@ -49,6 +49,9 @@ HOST_MODEL = ("model.dim={dim}", "model.n_layers={layers}", "model.n_heads={head
 # The median of 30 steps after 10 of warm-up: a host's time wanders by tens of microseconds from
 # step to step (scheduling, the allocator), and the figures are differences of two runs.
 TIMED = ("train.steps=40", "probes.perf.warmup_steps=10", "probes.parity.enabled=false", "logger=none")
+# `quick` checks the script on a CPU, where 44 runs of 40 steps take longer than 25 minutes: a few
+# steps, one round.
+QUICK_TIMED = ("train.steps=4", "probes.perf.warmup_steps=2", "probes.parity.enabled=false", "logger=none")
 DEPTHS = (2, 10)  # 8 blocks apart: the per-block figures divide the runs' noise by 8
 # A host's speed moves from run to run by 10-25% (on the H200 machines: two runs of one 1b layout
 # issued their steps in 77 and 93 ms): each eager run is timed in 3 rounds, apart in time, and its
@@ -80,12 +83,12 @@ def host_runs(world_size: int, quick: bool = False) -> list[tuple[str, list[str]
     variants = {k: v for k, v in VARIANTS.items() if k != "tp" or world_size >= 2}
 
     def run(v, L, w):
-        return (run_name(v, L, w), model_overrides(L, w) + list(TIMED) + [f"train.batch_size={w['batch'] * (2 if v == 'mb2' else 1)}", *variants[v]])
+        return (run_name(v, L, w), model_overrides(L, w) + list(QUICK_TIMED if quick else TIMED) + [f"train.batch_size={w['batch'] * (2 if v == 'mb2' else 1)}", *variants[v]])
 
     def of(compiled):
         return [run(v, L, w) for w in widths(quick) for v in variants if ("model.compile=true" in variants[v]) == compiled for L in DEPTHS]
 
-    return of(False) * ROUNDS + of(True)
+    return of(False) * (1 if quick else ROUNDS) + of(True)
 
 
 def host_times(rows: list[dict]) -> dict[str, float]:
