@@ -175,7 +175,11 @@ def main() -> None:
         from fsdp_lab.plan.refit import refit
 
         out = Path(args.out)
-        out.write_text(json.dumps(refit(json.loads(out.read_text())), indent=1))
+        try:
+            refitted = refit(json.loads(out.read_text()))
+        except ValueError as e:
+            p.error(f"--refit {out}: {e}")
+        out.write_text(json.dumps(refitted, indent=1))
         return
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")

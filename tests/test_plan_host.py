@@ -30,6 +30,12 @@ def test_beyond_the_calibrated_widths_the_nearest_width_s_figures_are_read():
         assert (figures["op_s"], figures["step_s"]) == pytest.approx((edge["op_s"], edge["step_s"]))
 
 
+def test_a_width_whose_kernel_time_is_not_a_time_is_refused_not_divided_by():
+    for broken in (0.0, -1e-3):
+        with pytest.raises(ValueError, match="block_kernel_s .* is not a time"):
+            host_figures({"widths": [{**NARROW, "block_kernel_s": broken}, WIDE]}, 2e-3)
+
+
 def test_a_table_of_one_calibrated_width_is_read_at_every_kernel_time():
     """h100-80gb.json keeps the older section ({"op_s": ...}, no widths): it loads, and its figures
     are the step's at any block size."""

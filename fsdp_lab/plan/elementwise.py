@@ -104,10 +104,12 @@ def priced_block_elementwise_s(shape: dict, device) -> float:
 def fit_elementwise(rows: list[dict], device) -> dict:
     """The table's elementwise section from the measured blocks: each block's eager elementwise
     seconds over the cost model's pricing of it, and its compiled over its eager seconds; the
-    means are what the cost model reads."""
+    means are what the cost model reads; and the torch whose trace priced the blocks."""
+    from fsdp_lab.plan.trace import traced_on
+
     for r in rows:
         r["priced_elementwise_s"] = priced_block_elementwise_s(r, device)
         r["eager_factor"] = r["eager_elementwise_s"] / r["priced_elementwise_s"]
         r["compiled_share"] = r["compiled_elementwise_s"] / r["eager_elementwise_s"]
     return {"eager_factor": statistics.mean(r["eager_factor"] for r in rows),
-            "compiled_share": statistics.mean(r["compiled_share"] for r in rows), "blocks": rows}
+            "compiled_share": statistics.mean(r["compiled_share"] for r in rows), "blocks": rows, "traced_on": traced_on()}

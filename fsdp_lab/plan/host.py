@@ -24,8 +24,8 @@ reads the host's figures at a block's forward kernel time (host_figures): one ca
 the block's kernels take as long, between two widths interpolated in log kernel time, beyond the
 calibrated widths the nearest one's (clamped: two noisy points do not say how the host's cost
 goes on). Kernel time, not width: it is what the host's time was seen to follow at one machine start
-(a guess: the driver's launch path slows while long kernels run; at the shipped H200 calibration the
-cost per op hardly moved, +4% from 768 to 2304 wide), and it carries over to a user's model of other
+(a guess: the driver's launch path slows while long kernels run; the cost per op moved +4% from 768
+to 2304 wide at one H200 calibration, +20% at the shipped one), and it carries over to a user's model of other
 proportions, to TP's split kernels, to a smaller microbatch and to another device, where a width
 would not."""
 
@@ -72,8 +72,13 @@ def model_overrides(layers: int, width: dict) -> list[str]:
     return [o.format(layers=layers, **width) for o in HOST_MODEL]
 
 
+def at_width(width: dict) -> str:
+    """What a timed run's name ends with at `width` (one of WIDTHS, or a table's section of it)."""
+    return f" @{width['dim']}"
+
+
 def run_name(variant: str, layers: int, width: dict) -> str:
-    return f"{variant} {layers} @{width['dim']}"
+    return f"{variant} {layers}{at_width(width)}"
 
 
 def host_runs(world_size: int, quick: bool = False) -> list[tuple[str, list[str]]]:
@@ -182,12 +187,15 @@ def width_kernel_s(width: dict, device) -> float:
 
 def fit_widths(host_s: dict[str, float], device, quick: bool = False) -> list[dict]:
     """A section per width (fit_host of its runs, from `host_s` by run name), with the width and its
-    block's kernel_s on `device` (the table's kernel sections), as host_figures reads them."""
+    block's kernel_s on `device` (the table's kernel sections), as host_figures reads them, and the
+    torch whose trace counted the ops."""
+    from fsdp_lab.plan.trace import traced_on
+
     out = []
     for w in widths(quick):
-        suffix = f" @{w['dim']}"
+        suffix = at_width(w)
         own = {name.removesuffix(suffix): s for name, s in host_s.items() if name.endswith(suffix)}
-        out.append({**fit_host(own, traced_counts(w)), "dim": w["dim"], "block_kernel_s": width_kernel_s(w, device)})
+        out.append({**fit_host(own, traced_counts(w)), "dim": w["dim"], "block_kernel_s": width_kernel_s(w, device), "traced_on": traced_on()})
     return out
 
 
@@ -199,6 +207,8 @@ def host_figures(section: dict, block_kernel_s: float) -> dict:
     points = sorted(section.get("widths", ()), key=lambda w: w["block_kernel_s"])
     if not points:
         return section
+    if points[0]["block_kernel_s"] <= 0:  # a kernel time is read in log: a broken table, not a free block
+        raise ValueError(f"host widths: block_kernel_s {points[0]['block_kernel_s']} is not a time")
     k = min(max(block_kernel_s, points[0]["block_kernel_s"]), points[-1]["block_kernel_s"])
     lo, hi = next(((a, b) for a, b in zip(points, points[1:]) if k <= b["block_kernel_s"]), (points[0], points[0]))
     span = math.log(hi["block_kernel_s"] / lo["block_kernel_s"])

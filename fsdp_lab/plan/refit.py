@@ -12,21 +12,25 @@ from __future__ import annotations
 
 from fsdp_lab.plan.device import Device
 from fsdp_lab.plan.elementwise import fit_elementwise
-from fsdp_lab.plan.host import fit_widths, widths
+from fsdp_lab.plan.host import at_width, fit_widths, widths
 
 
 def refit(table: dict) -> dict:
     """`table` (a device table's JSON) with its host and elementwise figures fitted again; its kernel
-    sections, measurements and provenance kept. Refuses a table whose host widths are not the
-    calibration's (their runs cannot be traced as they ran)."""
+    sections, measurements and provenance kept, each fitted section naming the torch that traced it
+    (`traced_on`). Refuses a table whose host widths are not the calibration's, and an older host
+    section of one width (h100-80gb: its runs' depths and shapes are not the calibration's, nor
+    stored): their runs cannot be traced as they ran, and left as they are they would pass for refitted."""
     out = dict(table)
     device = Device(table.get("name", "table"), table)
     host = table.get("host", {})
-    if "widths" in host:
+    if host and "widths" not in host:
+        raise ValueError("the host section is an older one of one width, whose runs cannot be traced again: measure it again (--host-only)")
+    if host:
         stored = sorted(w["dim"] for w in host["widths"])
         if stored != sorted(w["dim"] for w in widths()):
             raise ValueError(f"host widths {stored} are not the calibration's {[w['dim'] for w in widths()]}: measure them again")
-        host_s = {f"{run} @{w['dim']}": s for w in host["widths"] for run, s in w["measured_host_step_s"].items()}
+        host_s = {run + at_width(w): s for w in host["widths"] for run, s in w["measured_host_step_s"].items()}
         out["host"] = {**host, "widths": fit_widths(host_s, device)}
     if "blocks" in table.get("elementwise", {}):
         measured = [{k: v for k, v in b.items() if k not in ("priced_elementwise_s", "eager_factor", "compiled_share")}
