@@ -14,10 +14,11 @@ gradient norm the trainer takes) per parameter.
 Rank 0 writes the table; every rank takes part in the collectives. `--host-only` measures the host
 section alone into an existing table (its kernel sections price the host model's blocks, which the
 host's figures are read by). `--quick` (and a CPU machine) runs tiny shapes, each host run once for a
-few steps, to check the script itself (about 6 minutes on a 2-core CPU). `--refit` measures nothing: it fits the table's host and elementwise figures again from its
-stored measurements by the plan's current trace (fsdp_lab/plan/refit.py), on any CPU, after a change
-in what the trace records. Sections a run does not measure (the collectives on one GPU, the hand-written `spec`) are kept
-from the existing --out table."""
+few steps, to check the script itself (about 6 minutes on a 2-core CPU). `--refit` measures nothing:
+it fits the table's host and elementwise figures again from its stored measurements by the plan's
+current trace (fsdp_lab/plan/refit.py), on any CPU, after a change in what the trace records.
+Sections a run does not measure (the collectives on one GPU, the hand-written `spec`) are kept from
+the existing --out table."""
 
 from __future__ import annotations
 
