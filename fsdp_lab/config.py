@@ -84,6 +84,9 @@ class TransformerConfig(ModelConfig):
     layer_order: Optional[list[int]] = None
     """The blocks' call order in forward, repeats allowed: [0, 0, 1] runs block 0 twice (a module used
     several times in one forward); null = each block once, in order."""
+    kernels: bool = True
+    """Eager blocks on a GPU run the rotary and SwiGLU in the lab's Triton kernels (fsdp_lab/models/kernels/);
+    false: PyTorch's elementwise ops everywhere (SwiGLU's gate gradient then rounds exactly as theirs)."""
 
 
 @dataclass

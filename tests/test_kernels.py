@@ -18,6 +18,8 @@ from torch.distributed.tensor import DTensor, Shard
 
 from fsdp_lab.models.kernels import rotary, swiglu
 from fsdp_lab.models.kernels.launch import as_on_a_gpu, watching_launches
+from compose import compose_run
+from fsdp_lab.models import build_plain
 from fsdp_lab.models.transformer import FeedForward
 from fsdp_lab.plan.trace import OpRecorder
 
@@ -88,6 +90,21 @@ def test_a_trace_that_models_a_gpu_takes_the_kernels_and_keeps_what_they_keep():
         assert ffn_saves(fake=True).count(hidden) == 2, "the kernel keeps gate and up; silu's output is computed again"
         assert ffn_saves(fake=False).count(hidden) == 3, "real CPU tensors: PyTorch's ops"
     assert ffn_saves(fake=True).count(hidden) == 3, "outside the trace's context again"
+
+
+def test_model_kernels_false_keeps_pytorchs_ops_where_the_kernels_would_run():
+    """`model.kernels=false` (a user comparing numerics with PyTorch's ops, or timing the kernels apart):
+    the built transformer's blocks keep silu's output and its rotary tables are laid out as the
+    activations, on a GPU (here: a trace modelling one) as elsewhere."""
+    hidden = (2, 3, 16)
+    for kernels, kept in ((True, 2), (False, 3)):
+        model = build_plain(compose_run("model.dim=8", "model.n_heads=2", "model.ffn_dim=16", f"model.kernels={kernels}").model)
+        assert all(b.feed_forward.kernels is kernels for b in model.layers)
+        with as_on_a_gpu(), FakeTensorMode(allow_non_fake_inputs=True):
+            x = torch.randn(2, 3, 8, requires_grad=True)
+            assert saved_by(model.layers[0].feed_forward, x).count(hidden) == kept
+            cos, _ = model.rotary(2, 3, 4, x.device, x.dtype)
+        assert cos.shape == ((1, 3, 1, 4) if kernels else (2, 3, 4, 4))
 
 
 def test_a_trace_leaves_a_fake_dtensor_to_pytorchs_ops(fake_group):

@@ -32,14 +32,14 @@ class RotaryTables:
     `broadcast`: keep them (1, seq, 1, head_dim) instead, for compiled blocks: inductor fuses the
     rotation into its neighbours' kernels, so full tables would only add memory (64 MiB each for q's
     and k's 32 heads at that shape) and reads. Eager blocks whose rotation the Triton kernel takes
-    (models/kernels/rotary.py) read them so too."""
+    (models/kernels/rotary.py) read them so too, unless `kernels` is false."""
 
-    def __init__(self, head_dim: int, base: float = 10000.0, broadcast: bool = False):
-        self.head_dim, self.base, self.broadcast = head_dim, base, broadcast
+    def __init__(self, head_dim: int, base: float = 10000.0, broadcast: bool = False, kernels: bool = True):
+        self.head_dim, self.base, self.broadcast, self.kernels = head_dim, base, broadcast, kernels
         self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, batch: int, seq_len: int, heads: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        broadcast = self.broadcast or rotary.broadcast_tables(device, dtype)
+        broadcast = self.broadcast or (self.kernels and rotary.broadcast_tables(device, dtype))
         shape = (1, seq_len, 1, self.head_dim) if broadcast else (batch, seq_len, heads, self.head_dim)
         key = (shape, device, dtype)
         if key not in self._tables:
@@ -120,26 +120,27 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int):
+    def __init__(self, dim: int, hidden: int, kernels: bool = True):
         super().__init__()
+        self.kernels = kernels
         self.w1 = nn.Linear(dim, hidden, bias=False)
         self.w3 = nn.Linear(dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w1(x), self.w3(x)
-        if swiglu.takes_swiglu(gate, up):  # one Triton kernel each way (models/kernels/swiglu.py)
+        if self.kernels and swiglu.takes_swiglu(gate, up):  # one Triton kernel each way (models/kernels/swiglu.py)
             return self.w2(swiglu.swiglu(gate, up))
         return self.w2(F.silu(gate) * up)
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, dim: int, n_heads: int, ffn_dim: int, norm_eps: float):
+    def __init__(self, dim: int, n_heads: int, ffn_dim: int, norm_eps: float, kernels: bool = True):
         super().__init__()
         self.attention_norm = nn.RMSNorm(dim, eps=norm_eps)
         self.attention = Attention(dim, n_heads)
         self.ffn_norm = nn.RMSNorm(dim, eps=norm_eps)
-        self.feed_forward = FeedForward(dim, ffn_dim)
+        self.feed_forward = FeedForward(dim, ffn_dim, kernels)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -151,10 +152,10 @@ class Transformer(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.dim // cfg.n_heads
-        self.rotary = RotaryTables(self.head_dim, broadcast=cfg.compile)
+        self.rotary = RotaryTables(self.head_dim, broadcast=cfg.compile, kernels=cfg.kernels)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(
-            TransformerBlock(cfg.dim, cfg.n_heads, cfg.ffn_dim, cfg.norm_eps) for _ in range(cfg.n_layers)
+            TransformerBlock(cfg.dim, cfg.n_heads, cfg.ffn_dim, cfg.norm_eps, cfg.kernels) for _ in range(cfg.n_layers)
         )
         self.layer_order = list(cfg.layer_order or range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
