@@ -28,6 +28,7 @@ import argparse
 
 import torch
 
+from cuda_events import fwd_bwd_ms  # benchmarks/, this script's directory
 from fsdp_lab.models.kernels import rotary
 from fsdp_lab.models.transformer import RotaryTables, rotate_pairs
 
@@ -70,18 +71,6 @@ def forms(cos, sin, batch: int, heads: int):
     }
 
 
-def time_ms(f, x, grad, iters: int = 50) -> float:
-    for _ in range(5):
-        f(x).backward(grad)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        f(x).backward(grad)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, default in (("batch", 4), ("seq", 2048), ("heads", 16), ("head-dim", 128)):
@@ -99,7 +88,7 @@ def main() -> None:
         (g,) = torch.autograd.grad(out, x, grad)
         same = torch.equal(out, reference) and torch.equal(g, ref_grad)
         x.grad = None
-        print(f"{name:48} {time_ms(f, x, grad):11.3f} {str(same):>12}", flush=True)
+        print(f"{name:48} {fwd_bwd_ms(f, [x], grad):11.3f} {str(same):>12}", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,19 +12,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from cuda_events import fwd_bwd_ms  # benchmarks/, this script's directory
 from fsdp_lab.models.kernels.swiglu import swiglu
-
-
-def time_ms(f, inputs, grad, iters: int = 50) -> float:
-    for _ in range(5):
-        f(*inputs).backward(grad)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        f(*inputs).backward(grad)
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def kept_mib(f, inputs) -> float:
@@ -50,7 +39,7 @@ def main() -> None:
         results[name] = (out, *torch.autograd.grad(out, inputs, grad))
     print(f"{'form':40} {'ms fwd+bwd':>11} {'kept MiB':>9}")
     for name, f in forms.items():
-        print(f"{name:40} {time_ms(f, inputs, grad):11.3f} {kept_mib(f, inputs):9.0f}", flush=True)
+        print(f"{name:40} {fwd_bwd_ms(f, inputs, grad):11.3f} {kept_mib(f, inputs):9.0f}", flush=True)
     for what, ops, kernel in zip(("output", "gate grad", "up grad"), *results.values()):
         differ = (ops != kernel).sum().item()
         print(f"{what:10} elements that differ: {differ} of {ops.numel()}, largest difference {(ops.float() - kernel.float()).abs().max().item():.3g}")

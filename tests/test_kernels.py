@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from fsdp_lab.models.kernels import rotary, swiglu
 from fsdp_lab.models.kernels.launch import as_on_a_gpu, watching_launches
+from autograd_saved import saved_by
 from compose import compose_run
 from fsdp_lab.models import build_plain
 from fsdp_lab.models.transformer import FeedForward
@@ -63,12 +64,9 @@ def test_the_kernels_compute_what_pytorchs_ops_compute():
     assert "kernels checked" in result.stdout
 
 
-def saved_by(fn, *inputs) -> list[tuple[int, ...]]:
+def saved_shapes(fn, *inputs) -> list[tuple[int, ...]]:
     """Shapes of the tensors autograd keeps for backward while fn runs."""
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
-        fn(*inputs)
-    return saved
+    return [shape for shape, _ in saved_by(fn, *inputs)[0]]
 
 
 def test_a_trace_that_models_a_gpu_takes_the_kernels_and_keeps_what_they_keep():
@@ -81,7 +79,7 @@ def test_a_trace_that_models_a_gpu_takes_the_kernels_and_keeps_what_they_keep():
 
     def ffn_saves(fake: bool) -> list[tuple[int, ...]]:
         with FakeTensorMode() if fake else contextlib.nullcontext():
-            return saved_by(FeedForward(8, 16), torch.randn(2, 3, 8, requires_grad=True))
+            return saved_shapes(FeedForward(8, 16), torch.randn(2, 3, 8, requires_grad=True))
 
     hidden = (2, 3, 16)
     assert ffn_saves(fake=True).count(hidden) == 3, "PyTorch's ops: silu keeps gate, the product silu's output and up"
@@ -102,7 +100,7 @@ def test_model_kernels_false_keeps_pytorchs_ops_where_the_kernels_would_run():
         assert all(b.feed_forward.kernels is kernels for b in model.layers)
         with as_on_a_gpu(), FakeTensorMode(allow_non_fake_inputs=True):
             x = torch.randn(2, 3, 8, requires_grad=True)
-            assert saved_by(model.layers[0].feed_forward, x).count(hidden) == kept
+            assert saved_shapes(model.layers[0].feed_forward, x).count(hidden) == kept
             cos, _ = model.rotary(2, 3, 4, x.device, x.dtype)
         assert cos.shape == ((1, 3, 1, 4) if kernels else (2, 3, 4, 4))
 

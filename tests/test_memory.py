@@ -12,6 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.optim.optimizer import _default_to_fused_or_foreach
 
 import compose
+from autograd_saved import saved_by
 from fsdp_lab.config import ConfigError, OptimConfig
 from fsdp_lab.estimate import estimate
 from fsdp_lab.estimate.cuda_kernels import SUBSTITUTED, cuda_kernels
@@ -247,13 +248,6 @@ def test_cuda_kernels_save_what_cuda_saves_and_only_inside_the_estimate():
     assert (torch.nn.RMSNorm.forward, torch.nn.functional.scaled_dot_product_attention) == original
     real = torch.nn.RMSNorm(4)(torch.tensor([[3.0, 4.0, 0.0, 0.0]]))
     assert torch.allclose(real, torch.tensor([[1.2, 1.6, 0.0, 0.0]]), atol=1e-4)
-
-
-def saved_by(fn, x):
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((tuple(t.shape), t.dtype)) or t, lambda t: t):
-        out = fn(x)
-    return saved, out
 
 
 @pytest.mark.parametrize(

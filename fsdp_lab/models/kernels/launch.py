@@ -60,10 +60,11 @@ def takes(*tensors: torch.Tensor) -> bool:
     first = tensors[0]
     if not available(first.device, first.dtype) or torch.compiler.is_compiling():
         return False
-    runs = (lambda t: type(t) is torch.Tensor) if first.device.type == "cuda" and triton is not None else (lambda t: False)
+    launches = first.device.type == "cuda" and triton is not None  # else only a trace that models a GPU
     # A trace's plain fake tensors only: is_fake() says yes to a DTensor holding fake ones too (a TP
     # layer's output split unevenly, tp_styles.HiddenColwise), which a GPU run gives PyTorch's ops.
-    return all((runs(t) or isinstance(t, FakeTensor)) and t.is_contiguous() and t.dtype == first.dtype for t in tensors)
+    return all((isinstance(t, FakeTensor) or (launches and type(t) is torch.Tensor)) and t.is_contiguous() and t.dtype == first.dtype
+               for t in tensors)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -56,9 +56,10 @@ def _int64(t: torch.Tensor) -> bool:
 
 
 @jit
-def _silu(gate, dtype: tl.constexpr):
-    """silu(gate) rounded to dtype, as PyTorch's CUDA kernel: gate / (1 + exp(-gate))."""
-    return rounded(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)), dtype)
+def _silu(gate, denominator, dtype: tl.constexpr):
+    """silu(gate) rounded to dtype, as PyTorch's CUDA kernel: gate / (1 + exp(-gate)), the denominator
+    given (backward's sigmoid shares it)."""
+    return rounded(tl.math.div_rn(gate, denominator), dtype)
 
 @jit
 def _forward_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr, INT64: tl.constexpr):
@@ -67,7 +68,8 @@ def _forward_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr, INT64: tl
     gate = tl.load(gate_ptr + at, mask=mask)
     dtype = gate.dtype
     up = tl.load(up_ptr + at, mask=mask).to(tl.float32)
-    out = rounded(_silu(gate.to(tl.float32), dtype) * up, dtype)
+    gate = gate.to(tl.float32)
+    out = rounded(_silu(gate, 1.0 + tl.exp(-gate), dtype) * up, dtype)
     tl.store(out_ptr + at, out.to(dtype), mask=mask)
 
 @jit
@@ -79,11 +81,12 @@ def _backward_kernel(grad_ptr, gate_ptr, up_ptr, grad_gate_ptr, grad_up_ptr, n, 
     grad = grad.to(tl.float32)
     gate = tl.load(gate_ptr + at, mask=mask).to(tl.float32)
     up = tl.load(up_ptr + at, mask=mask).to(tl.float32)
-    grad_up = rounded(grad * _silu(gate, dtype), dtype)
+    denominator = 1.0 + tl.exp(-gate)
+    grad_up = rounded(grad * _silu(gate, denominator, dtype), dtype)
     grad_silu = rounded(grad * up, dtype)
     # silu's backward as PyTorch's CUDA kernel: dy * s * (1 + x * (1 - s)), s = 1 / (1 + exp(-x)),
     # where nvcc fuses 1 + x * (1 - s) into one multiply-add.
-    sigmoid = tl.math.div_rn(1.0, 1.0 + tl.exp(-gate))
+    sigmoid = tl.math.div_rn(1.0, denominator)
     grad_gate = rounded(grad_silu * sigmoid * tl.fma(gate, 1.0 - sigmoid, 1.0), dtype)
     tl.store(grad_gate_ptr + at, grad_gate.to(dtype), mask=mask)
     tl.store(grad_up_ptr + at, grad_up.to(dtype), mask=mask)
