@@ -76,6 +76,17 @@ def peer(name: str, gpus: int, args: list[str], peer_path: str | None) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def medians_of(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Each peer's median tokens/s and peak over the runs it made (and MFU, with a lab run among them)."""
+    medians = {name: {key: statistics.median(r[key] for r in rs) for key in ("tokens_per_s", "peak_mib")}
+               for name, rs in runs.items() if rs}
+    if runs.get("lab") and runs["lab"][0]["mfu"]:  # the same model and FLOPs per token: MFU scales with tokens/s
+        flops_rate = statistics.median(r["mfu"] / r["tokens_per_s"] for r in runs["lab"])
+        for m in medians.values():
+            m["mfu"] = m["tokens_per_s"] * flops_rate
+    return medians
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--compile", action="store_true", help="per-block torch.compile in every peer")
@@ -84,7 +95,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3, help="fresh processes per peer; the table shows medians")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}")
     p.add_argument("--peer-path", help="directory holding torchtitan and its dependencies")
-    p.add_argument("--json", type=Path, help="also write every run's figures here")
+    p.add_argument("--json", type=Path, help="also write every run's figures here, after each run")
     p.add_argument("--profile", type=Path, help="profile each peer's first run into DIR/<peer>/")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDES",
                    help="also run the lab with these space-separated overrides, as the peer lab:NAME")
@@ -121,15 +132,10 @@ def main() -> None:
                 figures = peer(name, gpus, args + ([f"--profile={profile_dir}"] if profile_dir else []), a.peer_path)
             runs[name].append(figures)
             print(f"{name:13} {figures['tokens_per_s']:10.0f} tokens/s  {figures['peak_mib']:9.0f} MiB", flush=True)
-    medians = {name: {key: statistics.median(r[key] for r in rs) for key in ("tokens_per_s", "peak_mib")}
-               for name, rs in runs.items()}
-    if "lab" in medians and runs["lab"][0]["mfu"]:  # the same model and FLOPs per token: MFU scales with tokens/s
-        flops_rate = statistics.median(r["mfu"] / r["tokens_per_s"] for r in runs["lab"])
-        for m in medians.values():
-            m["mfu"] = m["tokens_per_s"] * flops_rate
-    if a.json:
-        a.json.write_text(json.dumps({"gpus": gpus, "compile": a.compile, "shape": a.shape, "extra": extra,
-                                      "runs": runs, "medians": medians}, indent=1))
+            if a.json:  # after every run: an invocation cut off by a time limit keeps the runs it made
+                a.json.write_text(json.dumps({"gpus": gpus, "compile": a.compile, "shape": a.shape, "extra": extra,
+                                              "runs": runs, "medians": medians_of(runs)}, indent=1))
+    medians = medians_of(runs)
 
     print(f"\n{gpus} GPUs, shape {a.shape}, compile={a.compile}, ac={a.ac}, medians of {a.runs} runs{' ' + ' '.join(extra) if extra else ''}")
     # Each lab column against each peer that is not the lab, and each variant against the lab.

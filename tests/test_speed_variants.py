@@ -1,6 +1,7 @@
 """benchmarks/speed.py's lab variants on the CPU at its tiny shape: `--variant NAME=OVERRIDES` runs the
 lab once more with those overrides as the peer `lab:NAME`, alternated with the others, and the table
-sets it against the lab; overrides that the lab refuses end the benchmark naming them."""
+sets it against the lab; overrides that the lab refuses end the benchmark naming them, keeping
+in --json the runs made before."""
 
 from __future__ import annotations
 
@@ -26,5 +27,8 @@ def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path):
     runs = json.loads((tmp_path / "runs.json").read_text())["runs"]
     assert list(runs) == ["lab", "lab:prefetch"] and all(r[0]["tokens_per_s"] > 0 for r in runs.values())
     assert "lab:prefetch/lab" in result.stdout
-    refused = speed("--variant", "wide=model.dim=-3")
+    refused = speed("--variant", "wide=model.dim=-3", "--json", str(tmp_path / "cut.json"))
     assert refused.returncode != 0 and "model.dim=-3" in refused.stderr
+    # The lab's run before the refused variant is kept, as a run cut off by a time limit keeps its runs.
+    kept = json.loads((tmp_path / "cut.json").read_text())
+    assert [len(r) for r in kept["runs"].values()] == [1, 0] and kept["medians"]["lab"]["tokens_per_s"] > 0
