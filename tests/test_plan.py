@@ -20,7 +20,7 @@ from fsdp_lab.plan.device import Device, load_device
 from fsdp_lab.plan.host import DEPTHS, ROUNDS, Counts, fit_host, host_runs, host_times, kernel_s, run_name, widths
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.run import PLAN_FILE, plan, run_plan
-from fsdp_lab.plan.search import _estimable, _estimated_peak_mib, layouts, meshes, rank
+from fsdp_lab.plan.search import _estimable, estimated_peak_mib, layouts, meshes, rank
 from fsdp_lab.plan.trace import Trace
 from warm_lab import run_lab_warm
 
@@ -148,7 +148,7 @@ def test_tp_candidates_get_the_estimate_s_peak(planned):
     run, candidates, *_ = planned
     tp = next(c.layout for c in candidates if c.layout.tp == 2 and c.layout.pp == 1)
     assert _estimable(run, tp)
-    assert _estimated_peak_mib(run, tp) > 0
+    assert estimated_peak_mib(run, tp) > 0
 
 
 def test_the_estimate_s_own_refusals_decide_which_candidates_it_takes(planned):
@@ -159,7 +159,7 @@ def test_the_estimate_s_own_refusals_decide_which_candidates_it_takes(planned):
     assert not _estimable(interleaved, pp)
     offloaded = dataclasses.replace(run, fsdp=dataclasses.replace(run.fsdp, cpu_offload=True))
     assert not _estimable(offloaded, candidates[0].layout)
-    assert _estimated_peak_mib(run, pp) > 0
+    assert estimated_peak_mib(run, pp) > 0
 
 
 def test_host_figures_are_recovered_from_the_runs_host_times():

@@ -108,7 +108,7 @@ def rank(run: RunConfig, predictor: Predictor, samples: int, flops_per_token: fl
         c = next((c for c in out if c.fits and c.prediction["memory_from"] == "closed form" and _estimable(run, c.layout)), None)
         if c is None:
             break
-        c.prediction.update(peak_mib=_estimated_peak_mib(run, c.layout), memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])
+        c.prediction.update(peak_mib=estimated_peak_mib(run, c.layout), memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])
         c.fits = c.prediction["peak_mib"] * 2**20 <= budget
         out.sort(key=order)
     return out
@@ -129,8 +129,9 @@ def _estimable(run: RunConfig, layout: Layout) -> bool:
     return True
 
 
-def _estimated_peak_mib(run: RunConfig, layout: Layout) -> float:
-    """mode=estimate's peak for the layout's own run (with pipeline stages, the largest pp rank's)."""
+def estimated_peak_mib(run: RunConfig, layout: Layout) -> float:
+    """mode=estimate's peak for the layout's own run (with pipeline stages, the largest pp rank's): what
+    the plan shows for its best candidates, and benchmarks/plan_accuracy.py checks against measured peaks."""
     from fsdp_lab.estimate import estimate
     from fsdp_lab.plan.trace import quiet
 
