@@ -5,8 +5,11 @@ shape and precision, in one invocation per mode:
                                [--variant NAME=OVERRIDES ...] [--peer-path DIR] [--json PATH] [--profile DIR]
                                [extra lab overrides]
 
-Each run is a fresh process; the runs of the peers alternate (lab, torchtitan, hand-written, lab, ...)
-so that drift of the machine hits all alike, and the table shows medians. The lab runs
+Each run is a fresh process; the runs of the peers alternate, each round in the reverse order of the
+one before (lab, torchtitan, torchtitan, lab, lab, torchtitan, ...), so that a machine that speeds up
+or slows down through the invocation favours no peer (in a fixed order the last peer of each round
+would always run latest), and the table shows medians. Each run records its place in the
+invocation (`at`, in --json). The lab runs
 `+experiment=bench_llama1b` (shape 8b: Llama-3-8B's sizes with full multi-head attention, batch 1,
 seq 4096) with the per-phase memory probe on for its peak (it costs no measurable time). torchtitan
 (benchmarks/torchtitan_yardstick.py) runs with DIR (where its wheels were installed) on its path.
@@ -124,13 +127,13 @@ def main() -> None:
 
     runs: dict[str, list[dict]] = {name: [] for name in peers}
     for run in range(a.runs):
-        for name in peers:
+        for name in peers if run % 2 == 0 else peers[::-1]:
             profile_dir = a.profile / name.replace(":", "-") if a.profile and run == 0 else None
             if name == "lab" or name in variants:
                 figures = lab(lab_overrides + variants.get(name, []), shape["warmup"], profile_dir)
             else:
                 figures = peer(name, gpus, args + ([f"--profile={profile_dir}"] if profile_dir else []), a.peer_path)
-            runs[name].append(figures)
+            runs[name].append({**figures, "at": sum(map(len, runs.values()))})
             print(f"{name:13} {figures['tokens_per_s']:10.0f} tokens/s  {figures['peak_mib']:9.0f} MiB", flush=True)
             if a.json:  # after every run: an invocation cut off by a time limit keeps the runs it made
                 a.json.write_text(json.dumps({"gpus": gpus, "compile": a.compile, "shape": a.shape, "extra": extra,

@@ -1,5 +1,6 @@
 """benchmarks/speed.py's lab variants on the CPU at its tiny shape: `--variant NAME=OVERRIDES` runs the
-lab once more with those overrides as the peer `lab:NAME`, alternated with the others, and the table
+lab once more with those overrides as the peer `lab:NAME`, alternated with the others (each round in
+the reverse order of the one before), and the table
 sets it against the lab; overrides that the lab refuses end the benchmark naming them, keeping
 in --json the runs made before."""
 
@@ -22,10 +23,12 @@ def speed(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path):
-    result = speed("--variant", "prefetch=fsdp.forward_prefetch=1", "--json", str(tmp_path / "runs.json"))
+    result = speed("--variant", "prefetch=fsdp.forward_prefetch=1", "--json", str(tmp_path / "runs.json"), "--runs", "2")
     assert result.returncode == 0, result.stderr[-2000:]
     runs = json.loads((tmp_path / "runs.json").read_text())["runs"]
-    assert list(runs) == ["lab", "lab:prefetch"] and all(r[0]["tokens_per_s"] > 0 for r in runs.values())
+    assert list(runs) == ["lab", "lab:prefetch"] and all(r["tokens_per_s"] > 0 for rs in runs.values() for r in rs)
+    # Each round in the reverse order of the one before: lab first and last, the variant in between.
+    assert [r["at"] for r in runs["lab"]] == [0, 3] and [r["at"] for r in runs["lab:prefetch"]] == [1, 2]
     assert "lab:prefetch/lab" in result.stdout
     refused = speed("--variant", "wide=model.dim=-3", "--json", str(tmp_path / "cut.json"))
     assert refused.returncode != 0 and "model.dim=-3" in refused.stderr
