@@ -105,6 +105,22 @@ def test_model_kernels_false_keeps_pytorchs_ops_where_the_kernels_would_run():
         assert cos.shape == ((1, 3, 1, 4) if kernels else (2, 3, 4, 4))
 
 
+def test_model_kernels_false_keeps_pytorchs_rotation_with_broadcast_tables_too():
+    """A compiled model's tables broadcast over the heads; its parity reference, deep-copied before
+    compiling, runs those blocks eagerly. With model.kernels=false the rotation stays PyTorch's there
+    too: the flag decides, not the tables' shape."""
+    for kernels in (True, False):
+        model = build_plain(compose_run("model.dim=8", "model.n_heads=2", "model.ffn_dim=16", "model.compile=true",
+                                        f"model.kernels={kernels}").model)
+        seen = []
+        with FakeTensorMode(allow_non_fake_inputs=True), as_on_a_gpu(), watching_launches(lambda name, *_: seen.append(name)):
+            x = torch.randn(2, 3, 8)
+            cos, sin = model.rotary(2, 3, 4, x.device, x.dtype)
+            assert cos.shape == (1, 3, 1, 4)
+            model.layers[0].attention(x, cos, sin)
+        assert any("rotat" in name.lower() for name in seen) is kernels, seen
+
+
 def test_a_trace_leaves_a_fake_dtensor_to_pytorchs_ops(fake_group):
     """A TP layer's output split unevenly stays a DTensor (tp_styles.HiddenColwise), which a GPU run
     gives PyTorch's ops: the estimate's trace must too, or it keeps no silu output where the run does."""

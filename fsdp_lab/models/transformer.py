@@ -55,11 +55,11 @@ class RotaryTables:
         return self(batch, seq_len, block.attention.rotated_heads, device, dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kernels: bool = True) -> torch.Tensor:
     """Rotate each (even, odd) pair of x's last dimension, x: (batch, seq, heads, head_dim):
-    (x1 cos - x2 sin, x1 sin + x2 cos), in one Triton kernel where it runs (models/kernels/rotary.py),
-    else in PyTorch's ops; the same numbers either way."""
-    if rotary.takes_rotation(x, cos, sin):
+    (x1 cos - x2 sin, x1 sin + x2 cos), in one Triton kernel where it runs (models/kernels/rotary.py)
+    and `kernels` allows it, else in PyTorch's ops; the same numbers either way."""
+    if kernels and rotary.takes_rotation(x, cos, sin):
         return rotary.rotate(x, cos, sin)
     return rotate_pairs(x, cos, sin)
 
@@ -74,9 +74,9 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, n_heads: int):
+    def __init__(self, dim: int, n_heads: int, kernels: bool = True):
         super().__init__()
-        self.n_heads, self.head_dim = n_heads, dim // n_heads
+        self.n_heads, self.head_dim, self.kernels = n_heads, dim // n_heads, kernels
         self.wq = nn.Linear(dim, dim, bias=False)
         self.wk = nn.Linear(dim, dim, bias=False)
         self.wv = nn.Linear(dim, dim, bias=False)
@@ -108,12 +108,12 @@ class Attention(nn.Module):
         # keeps the joint weight from forward for backward instead of concatenating it again (+16 MiB
         # a block at the speed benchmark's shape); their rotary tables broadcast over the heads.
         if not self.projects_jointly or torch.compiler.is_compiling():
-            q, k = (apply_rotary(heads(w(x)), cos, sin) for w in (self.wq, self.wk))
+            q, k = (apply_rotary(heads(w(x)), cos, sin, self.kernels) for w in (self.wq, self.wk))
         else:
             # q and k in one matmul into one buffer, rotated together: half the rotary's kernels, and
             # backward takes x's gradient in one matmul instead of two and a sum.
             qk = heads(joint_linear(x, self.wq.weight, self.wk.weight))
-            q, k = apply_rotary(qk, cos, sin).chunk(2, dim=2)
+            q, k = apply_rotary(qk, cos, sin, self.kernels).chunk(2, dim=2)
         v = heads(self.wv(x))
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
@@ -138,7 +138,7 @@ class TransformerBlock(nn.Module):
     def __init__(self, dim: int, n_heads: int, ffn_dim: int, norm_eps: float, kernels: bool = True):
         super().__init__()
         self.attention_norm = nn.RMSNorm(dim, eps=norm_eps)
-        self.attention = Attention(dim, n_heads)
+        self.attention = Attention(dim, n_heads, kernels)
         self.ffn_norm = nn.RMSNorm(dim, eps=norm_eps)
         self.feed_forward = FeedForward(dim, ffn_dim, kernels)
 
