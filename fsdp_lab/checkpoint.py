@@ -226,8 +226,12 @@ class Checkpointer:
 
     # ---- saving -------------------------------------------------------------------------------
 
+    def due(self, step: int) -> bool:
+        """Whether a checkpoint is saved after (1-based) step `step`."""
+        return step % self.cfg.interval == 0 or step == self.run.train.steps
+
     def after_step(self, step: int) -> None:
-        if step % self.cfg.interval == 0 or step == self.run.train.steps:
+        if self.due(step):
             self.save(step)
 
     def save(self, step: int) -> None:

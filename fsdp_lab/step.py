@@ -42,11 +42,16 @@ def compiled_loss_fn() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     return torch.compile(_upcast_loss)
 
 
-def global_mean(local: torch.Tensor, group) -> float:
-    """The mean of a per-rank value over the data-parallel group."""
+def sum_over(local: torch.Tensor, group) -> torch.Tensor:
+    """A per-rank value summed over the data-parallel group, queued and not read."""
     value = local.clone()
     dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
-    return value.item() / dist.get_world_size(group)
+    return value
+
+
+def global_mean(local: torch.Tensor, group) -> float:
+    """The mean of a per-rank value over the data-parallel group."""
+    return sum_over(local, group).item() / dist.get_world_size(group)
 
 
 def unmeasured(phase: str) -> None:

@@ -4,6 +4,7 @@ each step through the protocol of fsdp_lab/probes/base.py."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -20,7 +21,7 @@ from fsdp_lab.fault import Faults
 from fsdp_lab.optim import Optimization, Optimized
 from fsdp_lab.probes.base import Probe, StepResult
 from fsdp_lab.probes.parity import unwrap
-from fsdp_lab.step import IN_FLIGHT_AFTER, forward_backward, global_mean, loss_fn, train_step, unmeasured
+from fsdp_lab.step import IN_FLIGHT_AFTER, forward_backward, global_mean, loss_fn, sum_over, train_step, unmeasured
 
 log = logging.getLogger(__name__)
 
@@ -86,34 +87,91 @@ class Trainer(Optimized):
             seq_len=cfg.seq_len, n=cfg.microbatches, device=self.device, dtype=self.input_dtype,
         )
 
+    def overlaps_steps(self) -> bool:
+        """Whether a step may be issued before the previous one's loss is read (train.overlap_steps):
+        not where something after a step must see it finished and the next not yet begun (a probe
+        that reads the step, the standalone layer's extra steps, the parity reference, an injected
+        fault)."""
+        return (
+            self.train.overlap_steps and not self.extras and self.reference is None
+            and self.faults.cfg.kill_rank is None and all(p.overlaps_next_step for p in self.probes)
+        )
+
+    def _issue(self, step: int, overlapping: bool) -> _IssuedStep:
+        """Step `step` up to its loss's all-reduce, queued on the device and not read: with
+        overlapping steps the host goes on to the next step while the device runs this one."""
+        batches = self._batches(step)
+        lr = self.optim.lr
+        t0 = time.perf_counter()
+        with self._around_step(step, batches) as mark:
+            local_loss, norm = train_step(
+                self.model, self.optimizer, batches, mark, self._around_microbatch, functools.partial(self._before_update, step),
+                self.loss,
+            )
+        if overlapping:  # the next step, issued before this one is finished, takes the next rate
+            self.optim.scheduler.step()
+        return _IssuedStep(step, batches, lr, t0, sum_over(local_loss, self.dp_group), norm, scheduled=overlapping)
+
+    def _finish(self, issued: _IssuedStep, since: float, checkpointer) -> float:
+        """Read the issued step's loss and norm (waiting for its kernels), then its row, the probes'
+        work after it, the sinks and the checkpoint. `since`: where its step time starts. Returns
+        when the loss was read."""
+        step, batches = issued.step, issued.batches
+        loss = issued.loss_sum.item() / dist.get_world_size(self.dp_group)
+        read_at = time.perf_counter()
+        row = {"step": step + 1, "loss": loss, "grad/norm": float(issued.norm), "lr": issued.lr}
+        for extra in self.extras:
+            self.activity = f"step {step + 1}: {extra.activity}"
+            row[extra.key] = global_mean(extra.step(self.model, self.optimizer, batches), self.dp_group)
+        result = StepResult(
+            step=step + 1, batches=batches, loss=loss, step_time_s=time.perf_counter() - since, row=row,
+            replay=functools.partial(self._replay, step, batches),
+        )
+        for probe in self.probes:
+            self.activity = f"step {step + 1}: {probe.activity}"
+            row.update(probe.after_step(result))
+        if not issued.scheduled:
+            self.optim.scheduler.step()
+        self.last_loss = loss
+        self.on_step(row)
+        if checkpointer is not None:
+            checkpointer.after_step(step + 1)
+        return read_at
+
     def run(self, start_step: int = 0, checkpointer=None) -> None:
-        """Train from `start_step`; `checkpointer` (fsdp_lab.checkpoint.Checkpointer) saves after each step."""
+        """Train from `start_step`; `checkpointer` (fsdp_lab.checkpoint.Checkpointer) saves after each step.
+        With overlapping steps, step N's loss is read after step N+1 is issued (and its step time runs
+        from step N-1's loss to its own), except before a checkpoint and at the end."""
+        overlap = self.overlaps_steps()
+        unread: list[_IssuedStep] = []  # issued, its loss not read yet: at most one, while steps overlap
+        read_at: float | None = None  # when the previous step's loss was read, while steps overlap
         for step in range(start_step, self.train.steps):
             self.faults.at(step, "step")
-            batches = self._batches(step)
-            lr = self.optim.lr
-            t0 = time.perf_counter()
-            with self._around_step(step, batches) as mark:
-                local_loss, norm = train_step(
-                    self.model, self.optimizer, batches, mark, self._around_microbatch, functools.partial(self._before_update, step),
-                    self.loss,
-                )
-            loss = global_mean(local_loss, self.dp_group)  # .item() inside: the step's kernels are done
-            row = {"step": step + 1, "loss": loss, "grad/norm": float(norm), "lr": lr}
-            for extra in self.extras:
-                self.activity = f"step {step + 1}: {extra.activity}"
-                row[extra.key] = global_mean(extra.step(self.model, self.optimizer, batches), self.dp_group)
-            result = StepResult(
-                step=step + 1, batches=batches, loss=loss, step_time_s=time.perf_counter() - t0, row=row,
-                replay=functools.partial(self._replay, step, batches),
-            )
-            for probe in self.probes:
-                self.activity = f"step {step + 1}: {probe.activity}"
-                row.update(probe.after_step(result))
-            self.optim.scheduler.step()
-            self.last_loss = loss
-            self.on_step(row)
-            if checkpointer is not None:
-                checkpointer.after_step(step + 1)
+            apart = not overlap or step + 1 == self.train.steps or (checkpointer is not None and checkpointer.due(step + 1))
+            try:
+                issued = self._issue(step, overlapping=not apart)
+            except BaseException:
+                for earlier in unread:  # its row is not lost with the step that failed
+                    self._finish(earlier, read_at or earlier.started, checkpointer)
+                raise
+            for earlier in unread:
+                read_at = self._finish(earlier, read_at or earlier.started, checkpointer)
+            unread = [issued]
+            if apart:
+                self._finish(issued, read_at or issued.started, checkpointer)
+                unread, read_at = [], None
         if checkpointer is not None:
             checkpointer.finish()
+
+
+@dataclasses.dataclass
+class _IssuedStep:
+    step: int
+    batches: list
+    lr: float
+    started: float
+    loss_sum: torch.Tensor
+    """The ranks' losses summed, all-reduced in the stream's order (so no rank joins it out of turn), not read."""
+    norm: torch.Tensor
+    scheduled: bool
+    """Whether the learning-rate schedule already moved on (an overlapped step's successor needs its rate)."""

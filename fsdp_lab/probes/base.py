@@ -11,7 +11,9 @@ closest to the step, and its row comes first):
     with around_step(step, batches):     for each step
         mark(phase)                  at each phase of the step (fsdp_lab.step.IN_FLIGHT_AFTER)
         with around_microbatch(i, n):    around each microbatch's forward + backward
-    after_step(result) -> row        metric keys and values; may run more work (the parity reference)
+    after_step(result) -> row        metric keys and values; may run more work (the parity reference);
+                                     with train.overlap_steps, after the next step is issued, where
+                                     every probe of the run says it may (overlaps_next_step)
     summary() -> {section: value}    at the end, merged into summary.json (fsdp_lab/summary.py)
     publish(run_dir, sink)           at the end, on rank 0: files of its own, W&B tables
 """
@@ -62,7 +64,8 @@ class StepResult:
     batches: list
     loss: float
     step_time_s: float
-    """From the step's start to its loss on every rank, extra steps included; the probes' work after it is not."""
+    """From the step's start to its loss on every rank, extra steps included; the probes' work after it is not.
+    Where steps overlap (train.overlap_steps), from the previous step's loss to this one's."""
     row: dict
     """The row so far (the trainer's keys and earlier probes' keys)."""
     replay: Callable[[], None]
@@ -77,6 +80,10 @@ class Probe:
     """The metric keys it writes (`<...>` stands for a family: memory/<phase>_mib)."""
     summary_keys: ClassVar[tuple[str, ...]] = ()
     """The summary.json sections it fills (fsdp_lab/summary.py lists each one's keys)."""
+    overlaps_next_step: ClassVar[bool] = False
+    """True where its after_step reads only what its step contexts kept of that step, so that it may
+    run after the next step is issued (train.overlap_steps); a probe that looks at the model, the
+    gradients or the device after a step keeps every step finished before the next."""
     reference = None
     """A model it trains beside the run's, which checkpoints save and restore with it (parity's)."""
 

@@ -20,6 +20,7 @@ log = logging.getLogger("fsdp_lab")
 
 
 class PhaseMemoryProbe(Probe):
+    overlaps_next_step = True  # host-side counts, kept per step at the step's end
     metric_keys = ("memory/<phase>_mib", "memory/peak_mib", "memory/<phase>_reserved_mib", "memory/reserved_peak_mib")
     summary_keys = ("memory",)
 
@@ -37,7 +38,8 @@ class PhaseMemoryProbe(Probe):
     def attach(self, setup: ProbeSetup) -> None:
         self.phases = PhaseMemory(setup.ctx.device, setup.model, setup.optim.optimizer)
         self.lent: MemTracker | None = None
-        self.metrics: dict = {}
+        self.metrics: dict[int, dict] = {}
+        """Per 0-based step, until its row: with overlapping steps the next step is measured before it."""
 
     def lend(self, tracker: MemTracker) -> None:
         """A module tracker entered around the next step: on CPU it counts that step in place of
@@ -50,13 +52,13 @@ class PhaseMemoryProbe(Probe):
             yield
         self.lent = None
         # Read at the step's end: the parity reference's step that follows is not this step's memory.
-        self.metrics = self.phases.metrics()
+        self.metrics[step] = self.phases.metrics()
 
     def mark(self, phase: str) -> None:
         self.phases.mark(phase)
 
     def after_step(self, result: StepResult) -> dict:
-        return self.metrics
+        return self.metrics.pop(result.step - 1)
 
     def summary(self) -> dict:
         section = self.phases.summary()

@@ -14,6 +14,7 @@ from fsdp_lab.probes.perf import Throughput
 
 
 class ThroughputProbe(Probe):
+    overlaps_next_step = True  # times only: the host's in its step context, the step's from the trainer
     metric_keys = ("perf/step_time_s", "perf/tokens_per_s", "perf/mfu", "perf/iteration_time_s")
     summary_keys = ("perf",)
 
