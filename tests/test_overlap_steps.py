@@ -9,6 +9,7 @@ import pytest
 from fsdp_lab.checkpoint import complete_checkpoints, step_dir_name
 from fsdp_lab.worker import build_trainer
 from in_process import run_lab_here
+from warm_lab import run_lab_warm
 
 STEPS = 5
 TINY = ["debug=cpu_tiny", "mesh=single", f"train.steps={STEPS}", "train.microbatches=2", "probes=off", "probes.memory.enabled=true"]
@@ -93,3 +94,15 @@ def test_a_checkpoint_holds_its_own_step_with_steps_overlapping(tmp_path):
     resumed = run_lab_here(*common, f"checkpoint.resume={whole.run_dir / 'checkpoints' / step_dir_name(2)}", run_dir=tmp_path / "resumed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["loss"] for r in resumed.metrics if r["step"] > 2] == [r["loss"] for r in whole.metrics if r["step"] > 2]
+
+
+@pytest.mark.slow
+def test_two_ranks_overlapping_steps_log_the_rows_of_steps_apart(tmp_path):
+    """Real ranks (gloo): every rank decides alike to overlap, each loss's all-reduce meets its
+    peers' in turn, and the rows are those of steps apart."""
+    common = ["debug=cpu_tiny", "mesh.world_size=2", "train.steps=4", "probes=off", "probes.memory.enabled=true", "logger=none"]
+    runs = {flag: run_lab_warm(*common, f"train.overlap_steps={flag}", run_dir=tmp_path / flag) for flag in ("false", "true")}
+    for run in runs.values():
+        assert run.returncode == 0, run.stderr[-3000:]
+    apart, overlapping = (figures(runs[flag].metrics) for flag in ("false", "true"))
+    assert overlapping == apart and [r["step"] for r in overlapping] == [1, 2, 3, 4]
