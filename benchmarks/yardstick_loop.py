@@ -54,37 +54,23 @@ def init_process_group() -> torch.device:
     return device
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.device,
                around_backward=contextlib.nullcontext) -> None:
     """Random tokens, `a.steps` steps (each clipped to MAX_NORM), the median of those after
     `a.warmup`; rank 0 prints step_time_s, tokens_per_s (per GPU: a tp group shares one batch), peak_mib and params.
     Each step's loss is read after the next step is issued, as torchtitan's trainer (which reads it
     on logging steps only) and the lab's bench_llama1b (train.overlap_steps) run: a step's time is
-    from the previous step's loss to its own.
+    from its start to the next step's (the last one's, to its loss).
     `around_backward`: the context the loss and its backward run in. With `a.profile`, the last 2
     warm-up steps run under torch.profiler (as the lab's probes.profile does), outside the timed ones."""
     tokens = torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len + 1), device=device)
     window = ProfileWindow(device) if a.profile else None
-    times = []
-    synchronize(device)
-    read_at = time.perf_counter()
-
-    def read(loss: torch.Tensor, step: int) -> None:
-        nonlocal read_at
-        loss.item()
-        if step >= a.warmup:
-            times.append(time.perf_counter() - read_at)
-        read_at = time.perf_counter()
-
+    starts = []
     unread = None
     for step in range(a.steps):
         if window and step == a.warmup - 2:
             window.begin()
+        starts.append(time.perf_counter())
         logits = model(tokens[:, :-1])
         with around_backward():
             loss = loss_fn(logits, tokens[:, 1:])
@@ -93,13 +79,14 @@ def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.d
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if unread is not None:
-            read(unread, step - 1)
+            unread.item()
         unread = loss.detach()
         if window and step == a.warmup - 1:
             window.end(a.profile, dist.get_rank(), steps=2)
             if dist.get_rank() == 0:
                 write_ops_table(a.profile / "ops.md", window.ops, f"Rank 0, steps {step}-{step + 1}, self time on {device.type}")
-    read(unread, a.steps - 1)
+    unread.item()
+    times = [end - start for start, end in zip(starts, [*starts[1:], time.perf_counter()])][a.warmup :]
     step_time = statistics.median(times)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
     if dist.get_rank() == 0:

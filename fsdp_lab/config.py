@@ -417,7 +417,7 @@ class TrainConfig:
     overlap_steps: bool = False
     """true: issue each step before reading the previous one's loss and gradient norm, so that the
     host runs a step ahead and the device does not wait at each step's start for the host's Python
-    (FSDP's hooks); perf/step_time_s is then the time from one step's loss to the next's. Steps stay
+    (FSDP's hooks); perf/step_time_s is then the time from one step's start to the next's. Steps stay
     apart before a checkpoint, at the end, and in runs where something after a step must see it
     finished: probes other than perf and memory, train.standalone_layer, fault.kill_rank."""
     standalone_layer: Optional[int] = bounded(None, ge=0)

@@ -112,19 +112,19 @@ class Trainer(Optimized):
             self.optim.scheduler.step()
         return _IssuedStep(step, batches, lr, t0, sum_over(local_loss, self.dp_group), norm, scheduled=overlapping)
 
-    def _finish(self, issued: _IssuedStep, since: float, checkpointer) -> float:
+    def _finish(self, issued: _IssuedStep, checkpointer, next_started: float | None = None) -> None:
         """Read the issued step's loss and norm (waiting for its kernels), then its row, the probes'
-        work after it, the sinks and the checkpoint. `since`: where its step time starts. Returns
-        when the loss was read."""
+        work after it, the sinks and the checkpoint. Its step time runs from its start to its loss
+        read, or where the next step was issued before it was read, to that step's start (one turn
+        of the loop, which on a host running ahead is paced by the device)."""
         step, batches = issued.step, issued.batches
         loss = issued.loss_sum.item() / dist.get_world_size(self.dp_group)
-        read_at = time.perf_counter()
         row = {"step": step + 1, "loss": loss, "grad/norm": float(issued.norm), "lr": issued.lr}
         for extra in self.extras:
             self.activity = f"step {step + 1}: {extra.activity}"
             row[extra.key] = global_mean(extra.step(self.model, self.optimizer, batches), self.dp_group)
         result = StepResult(
-            step=step + 1, batches=batches, loss=loss, step_time_s=time.perf_counter() - since, row=row,
+            step=step + 1, batches=batches, loss=loss, step_time_s=(next_started or time.perf_counter()) - issued.started, row=row,
             replay=functools.partial(self._replay, step, batches),
         )
         for probe in self.probes:
@@ -136,15 +136,13 @@ class Trainer(Optimized):
         self.on_step(row)
         if checkpointer is not None:
             checkpointer.after_step(step + 1)
-        return read_at
 
     def run(self, start_step: int = 0, checkpointer=None) -> None:
         """Train from `start_step`; `checkpointer` (fsdp_lab.checkpoint.Checkpointer) saves after each step.
-        With overlapping steps, step N's loss is read after step N+1 is issued (and its step time runs
-        from step N-1's loss to its own), except before a checkpoint and at the end."""
+        With overlapping steps, step N's loss is read after step N+1 is issued, except before a
+        checkpoint and at the end."""
         overlap = self.overlaps_steps()
         unread: list[_IssuedStep] = []  # issued, its loss not read yet: at most one, while steps overlap
-        read_at: float | None = None  # when the previous step's loss was read, while steps overlap
         for step in range(start_step, self.train.steps):
             self.faults.at(step, "step")
             apart = not overlap or step + 1 == self.train.steps or (checkpointer is not None and checkpointer.due(step + 1))
@@ -152,14 +150,14 @@ class Trainer(Optimized):
                 issued = self._issue(step, overlapping=not apart)
             except BaseException:
                 for earlier in unread:  # its row is not lost with the step that failed
-                    self._finish(earlier, read_at or earlier.started, checkpointer)
+                    self._finish(earlier, checkpointer)
                 raise
             for earlier in unread:
-                read_at = self._finish(earlier, read_at or earlier.started, checkpointer)
+                self._finish(earlier, checkpointer, next_started=issued.started)
             unread = [issued]
             if apart:
-                self._finish(issued, read_at or issued.started, checkpointer)
-                unread, read_at = [], None
+                self._finish(issued, checkpointer)
+                unread = []
         if checkpointer is not None:
             checkpointer.finish()
 

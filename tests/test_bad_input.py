@@ -37,6 +37,7 @@ CATALOGUE = [
     ("model=no_such", "Could not find 'model/no_such'"),
     ("+experiment=no_such", "Could not find 'experiment/no_such'"),
     ("model.dim=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
+    ("train.overlap_steps=maybe", "Value 'maybe' is not a valid bool"),
     ("mesh.dp_shard=3 mesh.world_size=2", "error: mesh.world_size=2, but pp=1 x dp_replicate=1 x dp_shard=3 x tp=1 = 3"),
     ("mesh.dp_replicate=3 mesh.world_size=4", "error: mesh: pp=1 x dp_replicate=3 x tp=1 = 3 does not divide the world size 4, so mesh.dp_shard=-1 cannot fill it"),
     ("mesh.tp=0", "error: mesh.tp=0: allowed is >= 1"),

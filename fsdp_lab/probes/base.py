@@ -65,7 +65,7 @@ class StepResult:
     loss: float
     step_time_s: float
     """From the step's start to its loss on every rank, extra steps included; the probes' work after it is not.
-    Where steps overlap (train.overlap_steps), from the previous step's loss to this one's."""
+    Where steps overlap (train.overlap_steps), from its start to the next step's start."""
     row: dict
     """The row so far (the trainer's keys and earlier probes' keys)."""
     replay: Callable[[], None]
