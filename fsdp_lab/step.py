@@ -49,9 +49,14 @@ def sum_over(local: torch.Tensor, group) -> torch.Tensor:
     return value
 
 
+def mean_of(summed: torch.Tensor, group) -> float:
+    """The mean over the data-parallel group of a value `sum_over` summed (read: waits for it)."""
+    return summed.item() / dist.get_world_size(group)
+
+
 def global_mean(local: torch.Tensor, group) -> float:
     """The mean of a per-rank value over the data-parallel group."""
-    return sum_over(local, group).item() / dist.get_world_size(group)
+    return mean_of(sum_over(local, group), group)
 
 
 def unmeasured(phase: str) -> None:

@@ -21,7 +21,7 @@ from fsdp_lab.fault import Faults
 from fsdp_lab.optim import Optimization, Optimized
 from fsdp_lab.probes.base import Probe, StepResult
 from fsdp_lab.probes.parity import unwrap
-from fsdp_lab.step import IN_FLIGHT_AFTER, forward_backward, global_mean, loss_fn, sum_over, train_step, unmeasured
+from fsdp_lab.step import IN_FLIGHT_AFTER, forward_backward, global_mean, loss_fn, mean_of, sum_over, train_step, unmeasured
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class Trainer(Optimized):
         read, or where the next step was issued before it was read, to that step's start (one turn
         of the loop, which on a host running ahead is paced by the device)."""
         step, batches = issued.step, issued.batches
-        loss = issued.loss_sum.item() / dist.get_world_size(self.dp_group)
+        loss = mean_of(issued.loss_sum, self.dp_group)
         row = {"step": step + 1, "loss": loss, "grad/norm": float(issued.norm), "lr": issued.lr}
         for extra in self.extras:
             self.activity = f"step {step + 1}: {extra.activity}"
@@ -142,22 +142,21 @@ class Trainer(Optimized):
         With overlapping steps, step N's loss is read after step N+1 is issued, except before a
         checkpoint and at the end."""
         overlap = self.overlaps_steps()
-        unread: list[_IssuedStep] = []  # issued, its loss not read yet: at most one, while steps overlap
+        unread: _IssuedStep | None = None  # issued, its loss not read yet (while steps overlap)
         for step in range(start_step, self.train.steps):
             self.faults.at(step, "step")
             apart = not overlap or step + 1 == self.train.steps or (checkpointer is not None and checkpointer.due(step + 1))
             try:
                 issued = self._issue(step, overlapping=not apart)
             except BaseException:
-                for earlier in unread:  # its row is not lost with the step that failed
-                    self._finish(earlier, checkpointer)
+                if unread:  # its row is not lost with the step that failed
+                    self._finish(unread, checkpointer)
                 raise
-            for earlier in unread:
-                self._finish(earlier, checkpointer, next_started=issued.started)
-            unread = [issued]
+            if unread:
+                self._finish(unread, checkpointer, next_started=issued.started)
+            unread = None if apart else issued
             if apart:
                 self._finish(issued, checkpointer)
-                unread = []
         if checkpointer is not None:
             checkpointer.finish()
 
