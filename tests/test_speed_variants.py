@@ -35,3 +35,15 @@ def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path):
     # The lab's run before the refused variant is kept, as a run cut off by a time limit keeps its runs.
     kept = json.loads((tmp_path / "cut.json").read_text())
     assert [len(r) for r in kept["runs"].values()] == [1, 0] and kept["medians"]["lab"]["tokens_per_s"] > 0
+
+
+def test_the_labs_layout_per_mode_changes_the_experiment_and_is_accepted(prepared):
+    """speed.py's LAYOUT: each mode's overrides must be ones the lab accepts for bench_llama1b, and
+    must change it (an override the experiment already sets would be a layout nobody measured apart)."""
+    from benchmark_scripts import load
+
+    layouts = load("speed").LAYOUT
+    base, _ = prepared("+experiment=bench_llama1b", "mesh.world_size=2")
+    for mode, overrides in layouts.items():
+        run, _ = prepared("+experiment=bench_llama1b", "mesh.world_size=2", *overrides)
+        assert run != base, mode

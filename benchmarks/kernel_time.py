@@ -1,0 +1,146 @@
+"""Where the device's time goes, from a profiler trace of an FSDP training step (probes.profile's
+profile/trace_rank<R>.json, or speed.py --profile's DIR/<peer>/ traces), per profiled step:
+
+    python benchmarks/kernel_time.py TRACE [TRACE ...] [--steps 2]
+
+1. busy time by kernel class (collective, matmul, attention, optimizer, multi-tensor, copy, other),
+   each the union of its own kernels' intervals (streams merged), beside the device's busy time.
+   Classes run side by side on their streams, so the shares add up to more than 100%.
+2. collective-alone time: a collective runs and nothing else does, the communication that compute
+   did not hide.
+3. matmuls beside collectives: the mean duration of the matmul kernels that overlap a collective
+   against those that overlap none. NCCL's kernels take SMs and memory bandwidth from the matmuls
+   beside them; the ratio is what that contention costs a matmul.
+
+Every device event of the trace counts (the profiler's window is the profiled steps): the host's
+`step N` spans cannot split the device's work, since with steps overlapped (train.overlap_steps) a
+step's kernels run after its span on the host has ended. The times are divided by the number of
+`step N` spans, or by --steps where the trace names none (the yardsticks' loop; speed.py --profile
+profiles 2 steps in every peer). Several traces (one per rank) print one block each."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from pathlib import Path
+
+from gpu_idle import DEVICE_CATEGORIES, busy_intervals
+
+COPY_CATEGORIES = {"gpu_memcpy", "gpu_memset"}
+# Kernel classes by name, first match wins. Attention comes before matmul because attention kernels'
+# names carry matmul words: cuDNN's `..._sdpa_sm90_flash_fprop_wgmma...` (sm90_), FlashAttention's
+# templates (cutlass::bfloat16_t), the memory-efficient `fmha_cutlassF...` (cutlass). Optimizer comes
+# before multi-tensor because fused Adam is a multi_tensor_apply_kernel too.
+NAMED_CLASSES = [
+    ("collective", re.compile(r"nccl", re.IGNORECASE)),
+    ("attention", re.compile(r"flash|fmha|cudnn|attention|sdpa", re.IGNORECASE)),
+    ("matmul", re.compile(r"gemm|cutlass|nvjet|xmma|sm90_|matmul", re.IGNORECASE)),
+    ("optimizer", re.compile(r"FusedOptimizer|adam", re.IGNORECASE)),
+    ("multi-tensor", re.compile(r"multi_tensor")),  # FSDP's copy-in casts, foreach norms
+]
+CLASSES = ["collective", "matmul", "attention", "optimizer", "multi-tensor", "copy", "other"]
+
+
+def classify(event: dict) -> str:
+    """The class of one device event: a copy or memset by its category (its name only says which
+    way it copies), a kernel by its name, `other` for the rest (elementwise, reductions, Triton)."""
+    if event.get("cat") in COPY_CATEGORIES:
+        return "copy"
+    return next((cls for cls, pattern in NAMED_CLASSES if pattern.search(event["name"])), "other")
+
+
+def profiled(trace: dict, unnamed_steps: int) -> tuple[list[dict], int]:
+    """(the device's events, the number of `step N` spans, or `unnamed_steps` where there are none)."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    steps = sum(e.get("cat") == "user_annotation" and bool(re.fullmatch(r"step \d+", e["name"])) for e in events)
+    return [e for e in events if e.get("cat") in DEVICE_CATEGORIES], steps or unnamed_steps
+
+
+def length(intervals: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def subtract(intervals: list[tuple[float, float]], minus: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of `intervals` that no interval of `minus` covers; both sorted and disjoint, as
+    busy_intervals gives them."""
+    left: list[tuple[float, float]] = []
+    first = 0  # minus's intervals that end before this one starts end before every later one too
+    for start, end in intervals:
+        while first < len(minus) and minus[first][1] <= start:
+            first += 1
+        for cut_start, cut_end in minus[first:]:
+            if cut_start >= end:
+                break
+            if cut_start > start:
+                left.append((start, cut_start))
+            start = cut_end
+        if start < end:
+            left.append((start, end))
+    return left
+
+
+def class_intervals(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """{class: the union of its events' intervals}, every class, in CLASSES' order."""
+    return {cls: busy_intervals([e for e in events if classify(e) == cls]) for cls in CLASSES}
+
+
+def time_by_class(events: list[dict], steps: int) -> dict[str, float]:
+    """{class: busy µs per step, ..., "busy": the device's busy µs per step, all classes merged}."""
+    times = {cls: length(spans) / steps for cls, spans in class_intervals(events).items()}
+    return {**times, "busy": length(busy_intervals(events)) / steps}
+
+
+def collective_alone_us(events: list[dict], steps: int) -> float:
+    """µs per step when a collective runs and no kernel or copy of another class does."""
+    others = busy_intervals([e for e in events if classify(e) != "collective"])
+    return length(subtract(class_intervals(events)["collective"], others)) / steps
+
+
+def matmuls_beside_collectives(events: list[dict]) -> tuple[float, int, float, int]:
+    """(mean µs, count) of the matmul kernels that overlap a collective, then of those that overlap
+    none, over all the profiled steps; a mean of no kernels is nan."""
+    collectives = class_intervals(events)["collective"]
+    beside: list[float] = []
+    alone: list[float] = []
+    for e in (e for e in events if classify(e) == "matmul"):
+        span = [(e["ts"], e["ts"] + e.get("dur", 0.0))]
+        # Overlapping means the collectives take something away from it (touching takes nothing).
+        (beside if length(subtract(span, collectives)) < length(span) else alone).append(length(span))
+    return mean(beside), len(beside), mean(alone), len(alone)
+
+
+def report(name: str, trace: dict, unnamed_steps: int) -> None:
+    events, steps = profiled(trace, unnamed_steps)
+    times = time_by_class(events, steps)
+    busy = times["busy"]
+    if not busy:
+        raise SystemExit(f"{name}: no device kernels (a CPU run's trace has none)")
+    print(f"{name}: {steps} profiled step{'s' * (steps > 1)}")
+    print(f"  {'class':<13}{'ms/step':>9}  share of busy")
+    for cls, us in times.items():
+        print(f"  {cls:<13}{us / 1e3:9.3f}  {us / busy:6.1%}")
+    alone = collective_alone_us(events, steps)
+    print(f"  collective alone (not hidden by compute): {alone / 1e3:.3f} ms/step ({alone / busy:.1%} of busy)")
+    mean_beside, n_beside, mean_alone, n_alone = matmuls_beside_collectives(events)
+    ratio = f", {mean_beside / mean_alone:.2f}x" if n_beside and n_alone else ""
+    print(f"  matmuls beside a collective: mean {mean_beside:.1f} µs (n={n_beside}) vs alone "
+          f"{mean_alone:.1f} µs (n={n_alone}){ratio}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("traces", type=Path, nargs="+", metavar="TRACE", help="one per rank")
+    p.add_argument("--steps", type=int, default=2, help="steps profiled, for a trace that names none")
+    a = p.parse_args()
+    for path in a.traces:
+        report(str(path), json.loads(path.read_text()), a.steps)
+
+
+if __name__ == "__main__":
+    main()

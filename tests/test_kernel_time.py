@@ -1,0 +1,89 @@
+"""benchmarks/kernel_time.py on a hand-made trace of two overlapping streams: busy time per kernel
+class and in all, per step (over the `step N` spans, or the steps given where the trace names none);
+the time a collective runs alone (the interval subtraction under it); the matmuls that overlap a
+collective against those that do not; and the CLI's block per rank and its refusal of a trace
+without device kernels."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+
+from benchmark_scripts import load
+
+
+@pytest.fixture(scope="module")
+def kernel_time():
+    return load("kernel_time")
+
+
+def span(cat: str, name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+# Compute and NCCL overlapping in time, as on their own streams. Collectives 250-400 and 380-420 merge to 250-420, beside
+# the gemm's 250-300 and the copy's 350-370: alone 300-350 and 370-420. The cuDNN attention kernel
+# has `sm90_` in its name and the fused Adam `multi_tensor`: the class order must place them.
+DEVICE = [
+    span("kernel", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 100, 200),
+    span("kernel", "ncclDevKernel_AllGather_RING_LL", 250, 150),
+    span("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 350, 20),
+    span("kernel", "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", 380, 40),
+    span("kernel", "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", 500, 100),
+    span("kernel", "multi_tensor_apply_kernel<TensorListMetadata<4>, FusedAdamMathFunctor<float, 4>>", 650, 50),
+    span("kernel", "multi_tensor_apply_kernel<TensorListMetadata<2>, BinaryOpListAlphaFunctor<float>>", 700, 30),
+    span("kernel", "vectorized_elementwise_kernel<4, FillFunctor<c10::BFloat16>>", 800, 40),
+    span("kernel", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", 850, 60),
+    span("kernel", "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn", 920, 60),
+]
+# Run after the host's last step span has ended, as a step's kernels do with steps overlapped: counted.
+AFTER = span("kernel", "nvjet_tst_256x128_64x4_2x1_v_bz_TNN", 1100, 140)
+STEPS = [span("user_annotation", "step 3", 0, 500), span("user_annotation", "step 4", 500, 500),
+         span("user_annotation", "FSDP::pre_forward (layers.0)", 0, 2000)]  # not a step
+TRACE = {"traceEvents": [*STEPS, span("cpu_op", "aten::mm", 90, 10), *DEVICE, AFTER]}
+
+
+def test_device_time_per_step_by_class(kernel_time):
+    events, steps = kernel_time.profiled(TRACE, unnamed_steps=5)
+    assert steps == 2 and len(events) == len(DEVICE) + 1  # two step spans: unnamed_steps not used
+    assert kernel_time.time_by_class(events, steps) == {
+        "collective": 85, "matmul": 250, "attention": 30, "optimizer": 25, "multi-tensor": 15, "copy": 10,
+        "other": 20, "busy": 400}  # busy: 100-420, 500-600, 650-730, 800-840, 850-910, 920-980, 1100-1240
+    assert kernel_time.collective_alone_us(events, steps) == 50
+
+
+def test_subtract_keeps_what_no_cut_covers(kernel_time):
+    # A cut across two intervals, one past an interval's end, one covering an interval whole.
+    kept = kernel_time.subtract([(0, 10), (20, 30), (40, 50), (60, 70)], [(5, 25), (28, 45), (60, 70)])
+    assert kept == [(0, 5), (25, 28), (45, 50)]
+
+
+def test_matmuls_beside_a_collective_against_alone(kernel_time):
+    # The sm90 gemm overlaps the all-gather; nvjet (twice) and ampere run alone: counts over both steps.
+    assert kernel_time.matmuls_beside_collectives(kernel_time.profiled(TRACE, 1)[0]) == (200, 1, 100, 3)
+    beside, n_beside, alone, n_alone = kernel_time.matmuls_beside_collectives([DEVICE[4]])
+    assert math.isnan(beside) and (n_beside, alone, n_alone) == (0, 100, 1)
+
+
+def test_a_trace_without_step_spans_is_divided_by_the_steps_given(kernel_time):
+    events, steps = kernel_time.profiled({"traceEvents": [*DEVICE, AFTER]}, unnamed_steps=4)
+    assert steps == 4 and kernel_time.time_by_class(events, steps)["busy"] == 200
+
+
+def test_the_cli_prints_a_block_per_trace_and_refuses_one_without_device_kernels(kernel_time, tmp_path,
+                                                                                 monkeypatch, capsys):
+    rank0, cpu = tmp_path / "trace_rank0.json", tmp_path / "cpu.json"
+    rank0.write_text(json.dumps(TRACE))
+    cpu.write_text(json.dumps({"traceEvents": [*STEPS, span("cpu_op", "aten::mm", 90, 10)]}))
+    monkeypatch.setattr(sys, "argv", ["kernel_time.py", str(rank0), str(cpu)])
+    with pytest.raises(SystemExit) as exit:
+        kernel_time.main()
+    # A string exit code: Python prints it to stderr and exits 1.
+    assert exit.value.code == f"{cpu}: no device kernels (a CPU run's trace has none)"
+    out = capsys.readouterr().out
+    assert f"{rank0}: 2 profiled steps" in out
+    assert "collective alone (not hidden by compute): 0.050 ms/step (12.5% of busy)" in out
+    assert "mean 200.0 µs (n=1) vs alone 100.0 µs (n=3), 2.00x" in out
