@@ -11,6 +11,10 @@ profile/trace_rank<R>.json, or speed.py --profile's DIR/<peer>/ traces), per pro
 3. matmuls beside collectives: the mean duration of the matmul kernels that overlap a collective
    against those that overlap none. NCCL's kernels take SMs and memory bandwidth from the matmuls
    beside them; the ratio is what that contention costs a matmul.
+4. with several ranks' traces, which rank reaches the collectives last: a collective ends on every
+   rank together, once the last one has arrived, and each rank's kernel starts when that rank gets
+   there, so the difference of the start times of the same collective is how long the rank that
+   came first waited for the other.
 
 Every device event of the trace counts (the profiler's window is the profiled steps): the host's
 `step N` spans cannot split the device's work, since with steps overlapped (train.overlap_steps) a
@@ -21,9 +25,11 @@ profiles 2 steps in every peer). Several traces (one per rank) print one block e
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 
 from gpu_idle import DEVICE_CATEGORIES, busy_intervals
@@ -115,8 +121,47 @@ def matmuls_beside_collectives(events: list[dict]) -> tuple[float, int, float, i
     return mean(beside), len(beside), mean(alone), len(alone)
 
 
-def report(name: str, trace: dict, unnamed_steps: int) -> None:
-    events, steps = profiled(trace, unnamed_steps)
+def collectives_on_the_clock(trace: dict, events: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """{kernel name: sorted (end, start) in µs of the host's clock}: each trace's `ts` counts from its
+    own baseTimeNanoseconds, so traces of different processes compare only with it added."""
+    base = trace.get("baseTimeNanoseconds", 0) / 1e3
+    by_name: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        if classify(e) == "collective":
+            by_name.setdefault(e["name"], []).append((base + e["ts"] + e.get("dur", 0.0), base + e["ts"]))
+    return {name: sorted(spans) for name, spans in by_name.items()}
+
+
+def arrival_lags(first: dict[str, list[tuple[float, float]]], second: dict[str, list[tuple[float, float]]],
+                 tolerance_us: float = 100.0) -> list[float]:
+    """For each collective of `first` (collectives_on_the_clock), how many µs later `second`'s rank
+    started it (negative: earlier): matched to the kernel of the same name on `second` whose end is
+    nearest, within `tolerance_us` (a collective outside the other's profiled window has no match)."""
+    lags = []
+    for name, spans in first.items():
+        ends = [end for end, _ in second.get(name, [])]
+        for end, start in spans:
+            i = bisect.bisect_left(ends, end)
+            nearest = min((j for j in (i - 1, i) if 0 <= j < len(ends)), key=lambda j: abs(ends[j] - end), default=None)
+            if nearest is not None and abs(ends[nearest] - end) <= tolerance_us:
+                lags.append(second[name][nearest][1] - start)
+    return lags
+
+
+def report_arrivals(first_name: str, first: dict, name: str, other: dict, steps: int) -> None:
+    """One line: how often and by how much `name`'s rank reached the collectives after `first_name`'s."""
+    lags = arrival_lags(first, other)
+    if not lags:
+        print(f"{name}: no collective matched {first_name}'s (the traces are of different runs or windows)")
+        return
+    later = [lag for lag in lags if lag > 0]
+    first_waited, other_waited = sum(later) / steps, -sum(lag for lag in lags if lag < 0) / steps
+    print(f"{name} against {first_name}: started {len(later)} of {len(lags)} matched collectives later, median "
+          f"{statistics.median(lags) / 1e3:+.3f} ms; {first_name} waited {first_waited / 1e3:.3f} ms/step, "
+          f"{name} {other_waited / 1e3:.3f} ms/step")
+
+
+def report(name: str, events: list[dict], steps: int) -> None:
     times = time_by_class(events, steps)
     busy = times["busy"]
     if not busy:
@@ -138,8 +183,15 @@ def main() -> None:
     p.add_argument("traces", type=Path, nargs="+", metavar="TRACE", help="one per rank")
     p.add_argument("--steps", type=int, default=2, help="steps profiled, for a trace that names none")
     a = p.parse_args()
+    clocks = {}
     for path in a.traces:
-        report(str(path), json.loads(path.read_text()), a.steps)
+        trace = json.loads(path.read_text())
+        events, steps = profiled(trace, a.steps)
+        report(str(path), events, steps)
+        clocks[str(path)] = collectives_on_the_clock(trace, events)
+    (first_name, first), *others = clocks.items()
+    for name, other in others:
+        report_arrivals(first_name, first, name, other, steps)
 
 
 if __name__ == "__main__":

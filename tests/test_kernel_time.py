@@ -1,7 +1,8 @@
 """benchmarks/kernel_time.py on a hand-made trace of two overlapping streams: busy time per kernel
 class and in all, per step (over the `step N` spans, or the steps given where the trace names none);
 the time a collective runs alone (the interval subtraction under it); the matmuls that overlap a
-collective against those that do not; and the CLI's block per rank and its refusal of a trace
+collective against those that do not; which of two ranks reached each collective later (on the
+host's clock, each trace's own base added); and the CLI's block per rank and its refusal of a trace
 without device kernels."""
 
 from __future__ import annotations
@@ -87,3 +88,34 @@ def test_the_cli_prints_a_block_per_trace_and_refuses_one_without_device_kernels
     assert f"{rank0}: 2 profiled steps" in out
     assert "collective alone (not hidden by compute): 0.050 ms/step (12.5% of busy)" in out
     assert "mean 200.0 µs (n=1) vs alone 100.0 µs (n=3), 2.00x" in out
+
+
+def rank_trace(base_us: int, collectives: list[tuple[str, float, float]]) -> dict:
+    """A rank's trace whose `ts` count from its own base, as each process's trace does."""
+    return {"baseTimeNanoseconds": base_us * 1000, "traceEvents": [
+        span("kernel", name, start - base_us, end - start) for name, start, end in collectives]}
+
+
+AG, RS = "ncclDevKernel_AllGather_RING_LL", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"
+# On the host's clock: the all-gather ends at 1300 on both ranks, rank 1 having started it 250 µs
+# later; the reduce-scatter ends at 5000 (5004 on rank 1: ends agree within the tolerance), rank 1
+# started 40 µs earlier; rank 0's second all-gather (ending 9000) is outside rank 1's window.
+RANK0 = rank_trace(1_000_000, [(AG, 1_001_000, 1_001_300), (RS, 1_004_800, 1_005_000), (AG, 1_008_900, 1_009_000)])
+RANK1 = rank_trace(1_000_500, [(AG, 1_001_250, 1_001_300), (RS, 1_004_760, 1_005_004)])
+
+
+def test_which_rank_reached_each_collective_later(kernel_time):
+    clock0, clock1 = (kernel_time.collectives_on_the_clock(t, kernel_time.profiled(t, 1)[0]) for t in (RANK0, RANK1))
+    assert sorted(kernel_time.arrival_lags(clock0, clock1)) == [-40, 250]
+    # Compared without each trace's base, nothing would end together.
+    assert kernel_time.arrival_lags(clock0, kernel_time.collectives_on_the_clock({}, kernel_time.profiled(RANK1, 1)[0])) == []
+
+
+def test_the_cli_compares_each_rank_with_the_first(kernel_time, tmp_path, monkeypatch, capsys):
+    paths = [tmp_path / "trace_rank0.json", tmp_path / "trace_rank1.json"]
+    for path, trace in zip(paths, (RANK0, RANK1)):
+        path.write_text(json.dumps(trace))
+    monkeypatch.setattr(sys, "argv", ["kernel_time.py", *map(str, paths), "--steps", "2"])
+    kernel_time.main()
+    assert (f"{paths[1]} against {paths[0]}: started 1 of 2 matched collectives later, median +0.105 ms; "
+            f"{paths[0]} waited 0.125 ms/step, {paths[1]} 0.020 ms/step") in capsys.readouterr().out
