@@ -91,9 +91,17 @@ def subtract(intervals: list[tuple[float, float]], minus: list[tuple[float, floa
     return left
 
 
+def by_class(events: list[dict]) -> dict[str, list[dict]]:
+    """{class: its events}, every class, in CLASSES' order; each event classified once."""
+    groups: dict[str, list[dict]] = {cls: [] for cls in CLASSES}
+    for e in events:
+        groups[classify(e)].append(e)
+    return groups
+
+
 def class_intervals(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
     """{class: the union of its events' intervals}, every class, in CLASSES' order."""
-    return {cls: busy_intervals([e for e in events if classify(e) == cls]) for cls in CLASSES}
+    return {cls: busy_intervals(group) for cls, group in by_class(events).items()}
 
 
 def time_by_class(events: list[dict], steps: int) -> dict[str, float]:
@@ -104,17 +112,19 @@ def time_by_class(events: list[dict], steps: int) -> dict[str, float]:
 
 def collective_alone_us(events: list[dict], steps: int) -> float:
     """µs per step when a collective runs and no kernel or copy of another class does."""
-    others = busy_intervals([e for e in events if classify(e) != "collective"])
-    return length(subtract(class_intervals(events)["collective"], others)) / steps
+    groups = by_class(events)
+    others = busy_intervals([e for cls, group in groups.items() if cls != "collective" for e in group])
+    return length(subtract(busy_intervals(groups["collective"]), others)) / steps
 
 
 def matmuls_beside_collectives(events: list[dict]) -> tuple[float, int, float, int]:
     """(mean µs, count) of the matmul kernels that overlap a collective, then of those that overlap
     none, over all the profiled steps; a mean of no kernels is nan."""
-    collectives = class_intervals(events)["collective"]
+    groups = by_class(events)
+    collectives = busy_intervals(groups["collective"])
     beside: list[float] = []
     alone: list[float] = []
-    for e in (e for e in events if classify(e) == "matmul"):
+    for e in groups["matmul"]:
         span = [(e["ts"], e["ts"] + e.get("dur", 0.0))]
         # Overlapping means the collectives take something away from it (touching takes nothing).
         (beside if length(subtract(span, collectives)) < length(span) else alone).append(length(span))
@@ -126,9 +136,8 @@ def collectives_on_the_clock(trace: dict, events: list[dict]) -> dict[str, list[
     own baseTimeNanoseconds, so traces of different processes compare only with it added."""
     base = trace.get("baseTimeNanoseconds", 0) / 1e3
     by_name: dict[str, list[tuple[float, float]]] = {}
-    for e in events:
-        if classify(e) == "collective":
-            by_name.setdefault(e["name"], []).append((base + e["ts"] + e.get("dur", 0.0), base + e["ts"]))
+    for e in by_class(events)["collective"]:
+        by_name.setdefault(e["name"], []).append((base + e["ts"] + e.get("dur", 0.0), base + e["ts"]))
     return {name: sorted(spans) for name, spans in by_name.items()}
 
 
@@ -183,14 +192,14 @@ def main() -> None:
     p.add_argument("traces", type=Path, nargs="+", metavar="TRACE", help="one per rank")
     p.add_argument("--steps", type=int, default=2, help="steps profiled, for a trace that names none")
     a = p.parse_args()
-    clocks = {}
+    clocks = {}  # {trace: (its collectives on the host's clock, its profiled steps)}
     for path in a.traces:
         trace = json.loads(path.read_text())
         events, steps = profiled(trace, a.steps)
         report(str(path), events, steps)
-        clocks[str(path)] = collectives_on_the_clock(trace, events)
-    (first_name, first), *others = clocks.items()
-    for name, other in others:
+        clocks[str(path)] = collectives_on_the_clock(trace, events), steps
+    (first_name, (first, _)), *others = clocks.items()
+    for name, (other, steps) in others:
         report_arrivals(first_name, first, name, other, steps)
 
 

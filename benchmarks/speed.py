@@ -52,7 +52,8 @@ LAB_KEY = {"seq_len": "train.seq_len", "batch_size": "train.batch_size", "steps"
 # memory: at 1b eager, the lab's loss holds no float32 copy of the logits (2.2 GiB less than
 # torchtitan's), room to keep each block's gathered parameters from forward to backward (1.8 GiB),
 # which saves the backward's all-gathers. Compiled, torchtitan's loss holds no copy either (their
-# peaks are level), and at 8b the gathered parameters would take 8 GB more.
+# peaks are level), and at 8b the blocks' gathered bf16 weights would add about 14.5 GiB (7.8B
+# parameters, by count; not measured), above torchtitan's peak there.
 LAYOUT = {("1b", False): ["fsdp.reshard_after_forward=false"]}
 PEERS = ("lab", "torchtitan", "hand-written")
 SCRIPT = {"torchtitan": "benchmarks/torchtitan_yardstick.py", "hand-written": "benchmarks/fsdp2_yardstick.py"}

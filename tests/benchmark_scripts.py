@@ -1,4 +1,5 @@
-"""A benchmark script (benchmarks/NAME.py) imported as a module, for tests of its functions."""
+"""A benchmark script (benchmarks/NAME.py) imported as a module, for tests of its functions, and the
+profiler trace events those tests build traces from."""
 
 from __future__ import annotations
 
@@ -18,3 +19,8 @@ def load(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def span(cat: str, name: str, ts: float, dur: float) -> dict:
+    """A complete event of a torch.profiler chrome trace: a kernel, a copy, a host op or annotation."""
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from benchmark_scripts import load
+from benchmark_scripts import load, span
 
 
 @pytest.fixture(scope="module")
 def gpu_idle():
     return load("gpu_idle")
-
-
-def span(cat: str, name: str, ts: float, dur: float) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
 
 
 HOST = [

@@ -13,16 +13,12 @@ import sys
 
 import pytest
 
-from benchmark_scripts import load
+from benchmark_scripts import load, span
 
 
 @pytest.fixture(scope="module")
 def kernel_time():
     return load("kernel_time")
-
-
-def span(cat: str, name: str, ts: float, dur: float) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
 
 
 # Compute and NCCL overlapping in time, as on their own streams. Collectives 250-400 and 380-420 merge to 250-420, beside

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmark_scripts import load
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -40,8 +42,6 @@ def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path):
 def test_the_labs_layout_per_mode_changes_the_experiment_and_is_accepted(prepared):
     """speed.py's LAYOUT: each mode's overrides must be ones the lab accepts for bench_llama1b, and
     must change it (an override the experiment already sets would be a layout nobody measured apart)."""
-    from benchmark_scripts import load
-
     layouts = load("speed").LAYOUT
     base, _ = prepared("+experiment=bench_llama1b", "mesh.world_size=2")
     for mode, overrides in layouts.items():
