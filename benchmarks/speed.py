@@ -70,7 +70,8 @@ def lab(overrides: list[str], warmup: int, profile_dir: Path | None = None) -> d
     if profile_dir:
         shutil.copytree(result.run_dir / "profile", profile_dir, dirs_exist_ok=True)
     s = result.summary
-    return {"tokens_per_s": s["perf"]["tokens_per_s"], "mfu": s["perf"]["mfu"], "peak_mib": s["memory"]["peak_mib"]}
+    return {"tokens_per_s": s["perf"]["tokens_per_s"], "mfu": s["perf"]["mfu"], "peak_mib": s["memory"]["peak_mib"],
+            "host_step_s": s["perf"]["host_step_s"]}
 
 
 def peer(name: str, gpus: int, args: list[str], peer_path: str | None) -> dict:
@@ -88,8 +89,10 @@ def peer(name: str, gpus: int, args: list[str], peer_path: str | None) -> dict:
 
 
 def medians_of(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
-    """Each peer's median tokens/s and peak over the runs it made (and MFU, with a lab run among them)."""
-    medians = {name: {key: statistics.median(r[key] for r in rs) for key in ("tokens_per_s", "peak_mib")}
+    """Each peer's median tokens/s, peak and host time per step over the runs it made (and MFU, with a
+    lab run among them)."""
+    medians = {name: {key: statistics.median(r[key] for r in rs) for key in ("tokens_per_s", "peak_mib", "host_step_s")
+                      if all(r.get(key) is not None for r in rs)}
                for name, rs in runs.items() if rs}
     if runs.get("lab") and runs["lab"][0]["mfu"]:  # the same model and FLOPs per token: MFU scales with tokens/s
         flops_rate = statistics.median(r["mfu"] / r["tokens_per_s"] for r in runs["lab"])
@@ -154,14 +157,16 @@ def main() -> None:
     ratios = [(mine, n) for mine in peers if mine == "lab" or mine in variants for n in peers if n not in variants and n != mine]
     width = max([18] + [len(f"{num}/{den}") + 2 for num, den in ratios])
     print(f"{'':18}" + "".join(f"{name:>14}" for name in peers) + "".join(f"{num + '/' + den:>{width}}" for num, den in ratios))
-    for key, label, fmt in (("tokens_per_s", "tokens/s per GPU", "{:14.0f}"), ("mfu", "MFU", "{:14.3f}"),
-                            ("peak_mib", "peak memory (MiB)", "{:14.0f}")):
+    for key, label, fmt, scale in (("tokens_per_s", "tokens/s per GPU", "{:14.0f}", 1), ("mfu", "MFU", "{:14.3f}", 1),
+                                   ("peak_mib", "peak memory (MiB)", "{:14.0f}", 1), ("host_step_s", "host ms/step", "{:14.1f}", 1e3)):
         if key not in medians[peers[0]]:
             continue
-        row = "".join(fmt.format(medians[name][key]) for name in peers)
-        row += "".join(f"{medians[num][key] / medians[den][key]:{width}.3f}" if medians[den][key] else f"{'-':>{width}}"
-                       for num, den in ratios)
+        row = "".join(fmt.format(medians[name][key] * scale) if key in medians[name] else f"{'-':>14}" for name in peers)
+        row += "".join(f"{medians[num][key] / medians[den][key]:{width}.3f}" if medians[den].get(key) and key in medians[num]
+                       else f"{'-':>{width}}" for num, den in ratios)
         print(f"{label:18}{row}")
+    print("(host ms/step: the host's time to issue a step, before reading a loss; near the step's own time, "
+          "the step waits for its host)")
 
 
 if __name__ == "__main__":

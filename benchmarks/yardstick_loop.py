@@ -57,7 +57,8 @@ def init_process_group() -> torch.device:
 def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.device,
                around_backward=contextlib.nullcontext) -> None:
     """Random tokens, `a.steps` steps (each clipped to MAX_NORM), the median of those after
-    `a.warmup`; rank 0 prints step_time_s, tokens_per_s (per GPU: a tp group shares one batch), peak_mib and params.
+    `a.warmup`; rank 0 prints step_time_s, host_step_s (the host's time to issue a step, to
+    zero_grad, as the lab's perf.host_step_s), tokens_per_s (per GPU: a tp group shares one batch), peak_mib and params.
     Each step's loss is read after the next step is issued, as torchtitan's trainer (which reads it
     on logging steps only) and the lab's bench_llama1b (train.overlap_steps) run: a step's time is
     from its start to the next step's (the last one's, to its loss).
@@ -65,7 +66,7 @@ def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.d
     warm-up steps run under torch.profiler (as the lab's probes.profile does), outside the timed ones."""
     tokens = torch.randint(0, a.vocab_size, (a.batch_size, a.seq_len + 1), device=device)
     window = ProfileWindow(device) if a.profile else None
-    starts = []
+    starts, issued = [], []  # each step's start, and when the host had issued it (before reading a loss)
     unread = None
     for step in range(a.steps):
         if window and step == a.warmup - 2:
@@ -78,6 +79,7 @@ def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.d
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        issued.append(time.perf_counter())
         if unread is not None:
             unread.item()
         unread = loss.detach()
@@ -88,9 +90,10 @@ def time_steps(model, optimizer, loss_fn, a: argparse.Namespace, device: torch.d
     unread.item()
     times = [end - start for start, end in zip(starts, [*starts[1:], time.perf_counter()])][a.warmup :]
     step_time = statistics.median(times)
+    host_step = statistics.median([end - start for start, end in zip(starts, issued)][a.warmup :])
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
     if dist.get_rank() == 0:
-        print(json.dumps({"step_time_s": step_time, "tokens_per_s": a.batch_size * a.seq_len / a.tp / step_time,
+        print(json.dumps({"step_time_s": step_time, "host_step_s": host_step, "tokens_per_s": a.batch_size * a.seq_len / a.tp / step_time,
                           "peak_mib": peak, "loss": loss.item(),
                           "params": sum(p.numel() for p in model.parameters())}), flush=True)
     dist.destroy_process_group()

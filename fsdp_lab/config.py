@@ -248,6 +248,11 @@ class WrapConfig:
     """For policy=size: smallest module (in parameters) that gets its own unit."""
     classes: list[str] = field(default_factory=list)
     """For policy=classes: module class names that get their own unit."""
+    group: int = bounded(1, ge=1)
+    """fsdp2: consecutive units of the policy sharded together as one (fully_shard over the list of
+    modules), all-gathered and reduce-scattered in one collective each: FSDP's host work per unit
+    (copy-in, copy-out, launching the collectives, its hooks) is paid once per group, and a group's
+    parameters are gathered at once. 1 = each unit on its own."""
 
 
 @dataclass

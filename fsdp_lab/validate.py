@@ -289,6 +289,11 @@ def _check_fsdp(run: RunConfig, dims: ParallelDims, device_type: str, spec: Mode
         for key in ("param_dtype", "reduce_dtype"):
             if getattr(f, key) == "float16":
                 raise ConfigError(f"fsdp.{key}=float16: not supported on CPU; allowed here: float32, bfloat16, null")
+    if run.wrap.group > 1 and run.mesh.engine != "fsdp2":
+        raise ConfigError(
+            f"wrap.group={run.wrap.group} with mesh.engine={run.mesh.engine}: only fully_shard shards several modules "
+            "as one unit; allowed: 1, or mesh.engine=fsdp2"
+        )
     if run.wrap.policy == "linear" and spec.tied(run.model):
         raise ConfigError(
             f"wrap.policy=linear with {spec.tied_key}=true: the tied weight would sit in two FSDP units; "
@@ -385,6 +390,11 @@ def _check_module_calls(run: RunConfig, dims: ParallelDims, device_type: str, sp
             raise ConfigError(f"train.standalone_layer={t.standalone_layer}: a block index in 0..{n_blocks - 1} (model.n_layers={n_blocks})")
         if run.mesh.engine == "fsdp1":
             raise ConfigError(f"train.standalone_layer={t.standalone_layer} with mesh.engine=fsdp1: an inner FSDP1 unit cannot run alone; allowed: mesh.engine=fsdp2|ddp")
+    if run.wrap.group > 1:
+        for key, value in (("model.layer_order", layer_order), ("train.standalone_layer", t.standalone_layer)):
+            if value is not None:
+                # A group is gathered once for its modules' forwards in order; a block run again or alone is not.
+                raise ConfigError(f"{key}={_show(value)} with wrap.group={run.wrap.group}: grouped units run each block once, in order; allowed: wrap.group=1")
     if dims.pp_enabled:
         for key, value in (("model.layer_order", layer_order), ("train.standalone_layer", t.standalone_layer),
                            ("fsdp.cast_after_sharding", f.cast_after_sharding), ("fsdp.post_optim_event", f.post_optim_event or None)):

@@ -21,6 +21,7 @@ def load(name: str) -> ModuleType:
     return module
 
 
-def span(cat: str, name: str, ts: float, dur: float) -> dict:
-    """A complete event of a torch.profiler chrome trace: a kernel, a copy, a host op or annotation."""
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+def span(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    """A complete event of a torch.profiler chrome trace: a kernel, a copy, a host op or annotation
+    (on host thread `tid`)."""
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid}

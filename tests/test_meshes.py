@@ -20,8 +20,10 @@ pytestmark = pytest.mark.slow
         # The size policy on dim 17 x ffn 51: each in_proj (918 params) is a unit, out_proj (884) stays in the root.
         (["mesh=fsdp", "wrap=size", "wrap.min_params=900"], {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 1, "engine": "fsdp2"}),
         (["mesh=hsdp", "wrap.policy=classes", "wrap.classes=[Linear]"], {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "tp": 1, "engine": "fsdp2"}),
+        # The 3 blocks as units of 2 and 1 (fully_shard over a list): uneven groups.
+        (["mesh=fsdp", "wrap.group=2"], {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 1, "engine": "fsdp2"}),
     ],
-    ids=["single", "ddp", "fsdp-size-policy", "hsdp-classes-policy"],
+    ids=["single", "ddp", "fsdp-size-policy", "hsdp-classes-policy", "fsdp-grouped-units"],
 )
 def test_mesh_preset_matches_ddp(tmp_path, overrides, mesh):
     s = assert_parity_ok(run_lab_warm(*overrides, *PARITY_RUN, run_dir=tmp_path / "run"))

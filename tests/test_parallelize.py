@@ -72,6 +72,16 @@ def test_fsdp2_knobs_reach_fully_shard(built):
     assert first._states_to_forward_prefetch == [second] and second._states_to_backward_prefetch == [first]
 
 
+def test_wrap_group_shards_consecutive_blocks_as_one_unit_and_prefetches_group_to_group(built):
+    _, _, model = built("model.n_layers=5", "wrap.group=2", "fsdp.forward_prefetch=1")
+    states = [block._get_fsdp_state() for block in model.layers]
+    assert states[0] is states[1] and states[2] is states[3] and len({id(s) for s in states}) == 3
+    first_group = states[0]._fsdp_param_group
+    assert {id(p) for p in (fp.sharded_param for fp in first_group.fsdp_params)} == {
+        id(p) for block in model.layers[:2] for p in block.parameters()}, "one parameter group holds both blocks"
+    assert states[0]._states_to_forward_prefetch == [states[2]] and states[2]._states_to_forward_prefetch == [states[4]]
+
+
 def test_fsdp1_wraps_the_same_units_with_the_strategy_the_mesh_asks_for(built):
     run, _, model = built("mesh.engine=fsdp1")
     assert isinstance(model, FSDP) and all(isinstance(b, FSDP) for b in unwrap(model).layers)

@@ -90,6 +90,8 @@ def test_the_comm_probe_counts_each_units_collectives_per_step(prepared, fake_gr
 
     assert counts() == [(6, 3, 0)] * 2
     assert counts("fsdp.reshard_after_forward=false") == [(3, 3, 0)] * 2
+    # The 2 blocks as one unit (wrap.group=2): one all-gather each way and one reduce-scatter for both.
+    assert counts("wrap.group=2") == [(4, 2, 0)] * 2
 
 
 def test_summary_holds_only_the_keys_of_its_schema(train):

@@ -1,4 +1,5 @@
-"""benchmarks/speed.py's lab variants on the CPU at its tiny shape: `--variant NAME=OVERRIDES` runs the
+"""benchmarks/speed.py on the CPU at its tiny shape: the host time per step of the lab and of the
+yardsticks' loop; the lab variants: `--variant NAME=OVERRIDES` runs the
 lab once more with those overrides as the peer `lab:NAME`, alternated with the others (each round in
 the reverse order of the one before), and the table
 sets it against the lab; overrides that the lab refuses end the benchmark naming them, keeping
@@ -32,6 +33,9 @@ def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path):
     # Each round in the reverse order of the one before: lab first and last, the variant in between.
     assert [r["at"] for r in runs["lab"]] == [0, 3] and [r["at"] for r in runs["lab:prefetch"]] == [1, 2]
     assert "lab:prefetch/lab" in result.stdout
+    # The host's time to issue a step, from the lab's perf.host_step_s: below the whole step's.
+    assert all(0 < r["host_step_s"] < 2 * 32 / r["tokens_per_s"] for rs in runs.values() for r in rs)  # batch 2 x seq 32 a step
+    assert "host ms/step" in result.stdout
     refused = speed("--variant", "wide=model.dim=-3", "--json", str(tmp_path / "cut.json"))
     assert refused.returncode != 0 and "model.dim=-3" in refused.stderr
     # The lab's run before the refused variant is kept, as a run cut off by a time limit keeps its runs.
@@ -47,3 +51,13 @@ def test_the_labs_layout_per_mode_changes_the_experiment_and_is_accepted(prepare
     for mode, overrides in layouts.items():
         run, _ = prepared("+experiment=bench_llama1b", "mesh.world_size=2", *overrides)
         assert run != base, mode
+
+
+@pytest.mark.slow
+def test_the_yardsticks_loop_reports_the_hosts_time_per_step_beside_the_labs(tmp_path):
+    result = speed("--peers", "lab,hand-written", "--json", str(tmp_path / "runs.json"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    medians = json.loads((tmp_path / "runs.json").read_text())["medians"]
+    for name in ("lab", "hand-written"):
+        assert 0 < medians[name]["host_step_s"] < 2 * 32 / medians[name]["tokens_per_s"], name
+    assert "host ms/step" in result.stdout

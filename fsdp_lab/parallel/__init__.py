@@ -17,7 +17,7 @@ from fsdp_lab.parallel.ddp import apply_ddp
 from fsdp_lab.parallel.fsdp1 import apply_fsdp1
 from fsdp_lab.parallel.fsdp2 import apply_fsdp2
 from fsdp_lab.parallel.tp import apply_tp
-from fsdp_lab.parallel.wrap import wrap_units
+from fsdp_lab.parallel.wrap import grouped, wrap_units
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,6 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh, dp_mesh, run: RunCon
     if run.mesh.engine == "fsdp1":
         model = apply_fsdp1(model, mesh[dims.fsdp_dim_names], units, run.fsdp, device)
     else:
-        model = apply_fsdp2(model, mesh[dims.fsdp_dim_names], units, run.fsdp)
+        model = apply_fsdp2(model, mesh[dims.fsdp_dim_names], grouped(units, run.wrap.group), run.fsdp)
     apply_ac(model, run.ac, after_engine=True)  # ac.impl=outer_wrapper: checkpoint(FSDP(block))
     return model

@@ -18,7 +18,9 @@ def dtype_or_none(name: str | None) -> torch.dtype | None:
     return getattr(torch, name) if name else None
 
 
-def apply_fsdp2(model: nn.Module, mesh, units: list[nn.Module], cfg: FSDPConfig) -> nn.Module:
+def apply_fsdp2(model: nn.Module, mesh, units: list[nn.Module | list[nn.Module]], cfg: FSDPConfig) -> nn.Module:
+    """Shard each unit (a module, or a list of modules sharded as one: fsdp_lab.parallel.wrap.grouped),
+    then the root."""
     kwargs = dict(
         mesh=mesh,
         reshard_after_forward=cfg.reshard_after_forward,
@@ -32,10 +34,12 @@ def apply_fsdp2(model: nn.Module, mesh, units: list[nn.Module], cfg: FSDPConfig)
     for unit in units:
         fully_shard(unit, **kwargs)
         # Methods the model calls instead of forward must unshard the unit as forward does.
-        for method in getattr(unit, "fsdp_forward_methods", ()):
-            register_fsdp_forward_method(unit, method)
+        for module in unit if isinstance(unit, list) else [unit]:
+            for method in getattr(module, "fsdp_forward_methods", ()):
+                register_fsdp_forward_method(module, method)
     fully_shard(model, **kwargs)
-    _set_explicit_prefetch(units, cfg.forward_prefetch, cfg.backward_prefetch)
+    # A group's modules share one FSDP state: prefetching its first prefetches the group.
+    _set_explicit_prefetch([u[0] if isinstance(u, list) else u for u in units], cfg.forward_prefetch, cfg.backward_prefetch)
     log.info("fsdp2: %d units + root on mesh %s, reshard_after_forward=%s", len(units), mesh, cfg.reshard_after_forward)
     return model
 
