@@ -12,7 +12,9 @@ would always run latest), and the table shows medians. Each run records its plac
 invocation (`at`, in --json). The lab runs
 `+experiment=bench_llama1b` (shape 8b: Llama-3-8B's sizes with full multi-head attention, batch 1,
 seq 4096) with the per-phase memory probe on for its peak (it costs no measurable time), and at 1b
-eager with `fsdp.reshard_after_forward=false` (LAYOUT: what fits under torchtitan's peak). torchtitan
+eager with `fsdp.reshard_after_forward=false wrap.group=4`, compiled with `wrap.group=2` (LAYOUT:
+the fastest that fits under torchtitan's peak). Each peer's host ms/step is its host's time to issue
+a step, before it reads a loss. torchtitan
 (benchmarks/torchtitan_yardstick.py) runs with DIR (where its wheels were installed) on its path.
 --ac full: every block checkpointed in the lab (ac=full) and in torchtitan (its --ac full; the
 hand-written loop has no checkpointing, so it is refused there), for shapes that fit only so.
@@ -51,10 +53,13 @@ LAB_KEY = {"seq_len": "train.seq_len", "batch_size": "train.batch_size", "steps"
 # The lab's layout where it is not bench_llama1b's, the fastest that stays under torchtitan's peak
 # memory: at 1b eager, the lab's loss holds no float32 copy of the logits (2.2 GiB less than
 # torchtitan's), room to keep each block's gathered parameters from forward to backward (1.8 GiB),
-# which saves the backward's all-gathers. Compiled, torchtitan's loss holds no copy either (their
-# peaks are level), and at 8b the blocks' gathered bf16 weights would add about 14.5 GiB (7.8B
+# which saves the backward's all-gathers. Blocks sharded 4 to a unit (wrap.group) pay FSDP's host
+# work per unit a quarter as often: eager 1b steps wait for their host (speed.py's host ms/step,
+# host_time.py), and kept gathered, a group costs no memory. Compiled, torchtitan's loss holds no
+# copy either (their peaks are level): the lab reshards, 2 blocks to a unit (4 gathered 89 MiB over
+# torchtitan's peak). At 8b the blocks' gathered bf16 weights would add about 14.5 GiB (7.8B
 # parameters, by count; not measured), above torchtitan's peak there.
-LAYOUT = {("1b", False): ["fsdp.reshard_after_forward=false"]}
+LAYOUT = {("1b", False): ["fsdp.reshard_after_forward=false", "wrap.group=4"], ("1b", True): ["wrap.group=2"]}
 PEERS = ("lab", "torchtitan", "hand-written")
 SCRIPT = {"torchtitan": "benchmarks/torchtitan_yardstick.py", "hand-written": "benchmarks/fsdp2_yardstick.py"}
 
