@@ -13,23 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections import defaultdict
 from pathlib import Path
 
-DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
-
-
-def busy_intervals(events: list[dict]) -> list[tuple[float, float]]:
-    """The device's busy time, streams merged: sorted, disjoint (start, end) in µs."""
-    spans = sorted((e["ts"], e["ts"] + e.get("dur", 0.0)) for e in events if e.get("cat") in DEVICE_CATEGORIES)
-    merged: list[list[float]] = []
-    for start, end in spans:
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(s, e) for s, e in merged]
+from trace_events import busy_intervals, complete_events, fold_digits, inside, interval, is_step
 
 
 def innermost(spans: list[dict], t: float) -> str | None:
@@ -41,8 +28,8 @@ def innermost(spans: list[dict], t: float) -> str | None:
 def idle_by_host_activity(trace: dict, min_us: float) -> tuple[float, float, dict[str, float]]:
     """(profiled steps' µs, idle µs, {host annotation | aten op: idle µs}) over the `step N` spans
     (the lab's), or over the whole trace where it has none."""
-    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    steps = [e for e in events if e.get("cat") == "user_annotation" and re.fullmatch(r"step \d+", e["name"])]
+    events = complete_events(trace)
+    steps = [e for e in events if is_step(e)]
     annotations = [e for e in events if e.get("cat") == "user_annotation" and e not in steps]
     ops = [e for e in events if e.get("cat") == "cpu_op"]
     busy = busy_intervals(events)
@@ -51,16 +38,15 @@ def idle_by_host_activity(trace: dict, min_us: float) -> tuple[float, float, dic
     total = idle = 0.0
     charged: dict[str, float] = defaultdict(float)
     for step in steps:
-        start, end = step["ts"], step["ts"] + step["dur"]
-        inside = [(max(s, start), min(e, end)) for s, e in busy if e > start and s < end]
-        if not inside:
+        in_step = inside(busy, [interval(step)])
+        if not in_step:
             continue
-        total += inside[-1][1] - inside[0][0]
-        for (_, gap_start), (gap_end, _) in zip(inside, inside[1:]):
+        total += in_step[-1][1] - in_step[0][0]
+        for (_, gap_start), (gap_end, _) in zip(in_step, in_step[1:]):
             if gap_end - gap_start < min_us:
                 continue
             idle += gap_end - gap_start
-            where = re.sub(r"\d+", "N", innermost(annotations, gap_start) or "-")
+            where = fold_digits(innermost(annotations, gap_start) or "-")
             charged[f"{where}  /  {innermost(ops, gap_start) or '-'}"] += gap_end - gap_start
     return total, idle, charged
 

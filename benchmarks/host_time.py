@@ -27,11 +27,9 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from gpu_idle import busy_intervals
-from kernel_time import length, subtract
+from trace_events import Intervals, complete_events, fold_digits, inside, interval, is_step, length, subtract, union
 
 HOST_CATEGORIES = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"}
-STEP = re.compile(r"step \d+|ProfilerStep#\d+")
 # Runtime calls after which the host has waited for the device (or for the driver's lock while the
 # device drains): cudaMalloc and cudaFree synchronize, a copy without Async waits for its stream.
 BLOCKING = re.compile(r"Synchronize|^cudaMemcpy$|^cudaMemcpy2D$|^cudaFree|^cudaMalloc|^cuMemAlloc|^cuMemFree|HostAlloc")
@@ -39,67 +37,64 @@ LAUNCH = re.compile(r"LaunchKernel|cuLaunch")
 
 
 def host_events(trace: dict) -> list[dict]:
-    return [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in HOST_CATEGORIES]
+    return [e for e in complete_events(trace) if e.get("cat") in HOST_CATEGORIES]
 
 
-def window(events: list[dict], unnamed_steps: int) -> tuple[list[tuple[float, float]], int]:
+def window(events: list[dict], unnamed_steps: int) -> tuple[Intervals, int]:
     """(the profiled steps' host intervals, their number): the `step N` spans, or the host's whole
     span counted as `unnamed_steps` steps."""
-    steps = [e for e in events if e["cat"] == "user_annotation" and STEP.fullmatch(e["name"])]
+    steps = [e for e in events if is_step(e)]
     if steps:
-        return busy_intervals([{**e, "cat": "kernel"} for e in steps]), len(steps)
-    start = min(e["ts"] for e in events)
-    return [(start, max(e["ts"] + e.get("dur", 0.0) for e in events))], unnamed_steps
+        return union(steps), len(steps)
+    everything = union(events)
+    return [(everything[0][0], everything[-1][1])], unnamed_steps
 
 
-def clip(e: dict, spans: list[tuple[float, float]]) -> float:
-    """µs of event `e` inside `spans`."""
-    start, end = e["ts"], e["ts"] + e.get("dur", 0.0)
-    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
-
-
-def busy_on_host(events: list[dict]) -> list[tuple[float, float]]:
+def busy_on_host(events: list[dict]) -> Intervals:
     """The union of a thread's events' intervals, its step spans left out (they hold its waits too)."""
-    return busy_intervals([{**e, "cat": "kernel"} for e in events if not STEP.fullmatch(e["name"])])
+    return union([e for e in events if not is_step(e)])
 
 
-def exclusive_by_annotation(events: list[dict], spans: list[tuple[float, float]]) -> dict[str, float]:
+def within(event: dict, spans: Intervals) -> float:
+    """µs of `event` inside `spans`."""
+    return length(inside([interval(event)], spans))
+
+
+def exclusive_by_annotation(events: list[dict], spans: Intervals) -> dict[str, float]:
     """{innermost annotation, digits folded: µs inside `spans`} for one thread's events: each
     annotation's time less its nested annotations', and `-` for busy time outside any annotation.
     Annotations nest (a record_function inside another ends first), so a stack walk finds the parents."""
-    annotations = sorted((e for e in events if e["cat"] == "user_annotation" and not STEP.fullmatch(e["name"])),
+    annotations = sorted((e for e in events if e["cat"] == "user_annotation" and not is_step(e)),
                          key=lambda e: (e["ts"], -e.get("dur", 0.0)))
     time: dict[str, float] = defaultdict(float)
     stack: list[dict] = []
     for a in annotations:
-        while stack and stack[-1]["ts"] + stack[-1].get("dur", 0.0) <= a["ts"]:
+        while stack and interval(stack[-1])[1] <= a["ts"]:
             stack.pop()
-        inside = clip(a, spans)
-        time[re.sub(r"\d+", "N", a["name"])] += inside
+        us = within(a, spans)
+        time[fold_digits(a["name"])] += us
         if stack:
-            time[re.sub(r"\d+", "N", stack[-1]["name"])] -= inside
+            time[fold_digits(stack[-1]["name"])] -= us
         stack.append(a)
-    covered = busy_intervals([{**a, "cat": "kernel"} for a in annotations])
-    outside = [(max(s, a), min(e, b)) for s, e in subtract(busy_on_host(events), covered) for a, b in spans if min(e, b) > max(s, a)]
-    time["-"] += length(outside)
+    time["-"] += length(inside(subtract(busy_on_host(events), union(annotations)), spans))
     return dict(time)
 
 
-def runtime_calls(events: list[dict], spans: list[tuple[float, float]]) -> tuple[int, float, dict[str, tuple[int, float]]]:
+def runtime_calls(events: list[dict], spans: Intervals) -> tuple[int, float, dict[str, tuple[int, float]]]:
     """(kernel launches, their µs, {blocking runtime call: (count, µs)}) inside `spans`."""
-    runtime = [e for e in events if e["cat"] in ("cuda_runtime", "cuda_driver") and clip(e, spans) > 0]
-    launches = [e for e in runtime if LAUNCH.search(e["name"])]
+    runtime = [(e["name"], us) for e in events if e["cat"] in ("cuda_runtime", "cuda_driver") and (us := within(e, spans)) > 0]
+    launches = [us for name, us in runtime if LAUNCH.search(name)]
     blocked: dict[str, tuple[int, float]] = {}
-    for e in runtime:
-        if BLOCKING.search(e["name"]):
-            n, us = blocked.get(e["name"], (0, 0.0))
-            blocked[e["name"]] = n + 1, us + clip(e, spans)
-    return len(launches), sum(clip(e, spans) for e in launches), blocked
+    for name, us in runtime:
+        if BLOCKING.search(name):
+            n, total = blocked.get(name, (0, 0.0))
+            blocked[name] = n + 1, total + us
+    return len(launches), sum(launches), blocked
 
 
 def thread_name(events: list[dict]) -> str:
     names = {e["name"] for e in events}
-    if any(STEP.fullmatch(n) for n in names) or any(n.startswith("FSDP::pre_forward") for n in names):
+    if any(map(is_step, events)) or any(n.startswith("FSDP::pre_forward") for n in names):
         return "main"
     if any(n.startswith("autograd::engine") for n in names):
         return "autograd"
@@ -116,7 +111,7 @@ def report(name: str, trace: dict, unnamed_steps: int, top: int) -> None:
     for e in events:
         threads[e.get("tid", 0)].append(e)
     for tid, mine in sorted(threads.items(), key=lambda kv: -len(kv[1])):
-        busy = sum(clip({"ts": s, "dur": e - s}, spans) for s, e in busy_on_host(mine))
+        busy = length(inside(busy_on_host(mine), spans))
         if busy < 0.01 * length(spans):
             continue  # a thread that barely ran (the profiler's own, NCCL's watchdog)
         print(f"  thread {tid} ({thread_name(mine)}): busy {busy / steps / 1e3:.2f} ms/step ({busy / length(spans):.1%} of the window)")

@@ -32,7 +32,7 @@ import re
 import statistics
 from pathlib import Path
 
-from gpu_idle import DEVICE_CATEGORIES, busy_intervals
+from trace_events import DEVICE_CATEGORIES, busy_intervals, complete_events, interval, is_step, length, subtract
 
 COPY_CATEGORIES = {"gpu_memcpy", "gpu_memset"}
 # Kernel classes by name, first match wins. Attention comes before matmul because attention kernels'
@@ -59,36 +59,13 @@ def classify(event: dict) -> str:
 
 def profiled(trace: dict, unnamed_steps: int) -> tuple[list[dict], int]:
     """(the device's events, the number of `step N` spans, or `unnamed_steps` where there are none)."""
-    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    steps = sum(e.get("cat") == "user_annotation" and bool(re.fullmatch(r"step \d+", e["name"])) for e in events)
+    events = complete_events(trace)
+    steps = sum(map(is_step, events))
     return [e for e in events if e.get("cat") in DEVICE_CATEGORIES], steps or unnamed_steps
-
-
-def length(intervals: list[tuple[float, float]]) -> float:
-    return sum(end - start for start, end in intervals)
 
 
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
-
-
-def subtract(intervals: list[tuple[float, float]], minus: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The parts of `intervals` that no interval of `minus` covers; both sorted and disjoint, as
-    busy_intervals gives them."""
-    left: list[tuple[float, float]] = []
-    first = 0  # minus's intervals that end before this one starts end before every later one too
-    for start, end in intervals:
-        while first < len(minus) and minus[first][1] <= start:
-            first += 1
-        for cut_start, cut_end in minus[first:]:
-            if cut_start >= end:
-                break
-            if cut_start > start:
-                left.append((start, cut_start))
-            start = cut_end
-        if start < end:
-            left.append((start, end))
-    return left
 
 
 def by_class(events: list[dict]) -> dict[str, list[dict]]:
@@ -99,44 +76,39 @@ def by_class(events: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
-def class_intervals(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
-    """{class: the union of its events' intervals}, every class, in CLASSES' order."""
-    return {cls: busy_intervals(group) for cls, group in by_class(events).items()}
+def time_by_class(groups: dict[str, list[dict]], steps: int) -> dict[str, float]:
+    """{class: busy µs per step, ..., "busy": the device's busy µs per step, all classes merged}, from
+    by_class's groups."""
+    times = {cls: length(busy_intervals(group)) / steps for cls, group in groups.items()}
+    return {**times, "busy": length(busy_intervals([e for group in groups.values() for e in group])) / steps}
 
 
-def time_by_class(events: list[dict], steps: int) -> dict[str, float]:
-    """{class: busy µs per step, ..., "busy": the device's busy µs per step, all classes merged}."""
-    times = {cls: length(spans) / steps for cls, spans in class_intervals(events).items()}
-    return {**times, "busy": length(busy_intervals(events)) / steps}
-
-
-def collective_alone_us(events: list[dict], steps: int) -> float:
+def collective_alone_us(groups: dict[str, list[dict]], steps: int) -> float:
     """µs per step when a collective runs and no kernel or copy of another class does."""
-    groups = by_class(events)
     others = busy_intervals([e for cls, group in groups.items() if cls != "collective" for e in group])
     return length(subtract(busy_intervals(groups["collective"]), others)) / steps
 
 
-def matmuls_beside_collectives(events: list[dict]) -> tuple[float, int, float, int]:
+def matmuls_beside_collectives(groups: dict[str, list[dict]]) -> tuple[float, int, float, int]:
     """(mean µs, count) of the matmul kernels that overlap a collective, then of those that overlap
     none, over all the profiled steps; a mean of no kernels is nan."""
-    groups = by_class(events)
     collectives = busy_intervals(groups["collective"])
     beside: list[float] = []
     alone: list[float] = []
     for e in groups["matmul"]:
-        span = [(e["ts"], e["ts"] + e.get("dur", 0.0))]
+        span = [interval(e)]
         # Overlapping means the collectives take something away from it (touching takes nothing).
         (beside if length(subtract(span, collectives)) < length(span) else alone).append(length(span))
     return mean(beside), len(beside), mean(alone), len(alone)
 
 
-def collectives_on_the_clock(trace: dict, events: list[dict]) -> dict[str, list[tuple[float, float]]]:
-    """{kernel name: sorted (end, start) in µs of the host's clock}: each trace's `ts` counts from its
-    own baseTimeNanoseconds, so traces of different processes compare only with it added."""
+def collectives_on_the_clock(trace: dict, collectives: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """{kernel name: sorted (end, start) in µs of the host's clock} of the collective kernels: each
+    trace's `ts` counts from its own baseTimeNanoseconds, so traces of different processes compare
+    only with it added."""
     base = trace.get("baseTimeNanoseconds", 0) / 1e3
     by_name: dict[str, list[tuple[float, float]]] = {}
-    for e in by_class(events)["collective"]:
+    for e in collectives:
         by_name.setdefault(e["name"], []).append((base + e["ts"] + e.get("dur", 0.0), base + e["ts"]))
     return {name: sorted(spans) for name, spans in by_name.items()}
 
@@ -170,8 +142,8 @@ def report_arrivals(first_name: str, first: dict, name: str, other: dict, steps:
           f"{name} {other_waited / 1e3:.3f} ms/step")
 
 
-def report(name: str, events: list[dict], steps: int) -> None:
-    times = time_by_class(events, steps)
+def report(name: str, groups: dict[str, list[dict]], steps: int) -> None:
+    times = time_by_class(groups, steps)
     busy = times["busy"]
     if not busy:
         raise SystemExit(f"{name}: no device kernels (a CPU run's trace has none)")
@@ -179,9 +151,9 @@ def report(name: str, events: list[dict], steps: int) -> None:
     print(f"  {'class':<13}{'ms/step':>9}  share of busy")
     for cls, us in times.items():
         print(f"  {cls:<13}{us / 1e3:9.3f}  {us / busy:6.1%}")
-    alone = collective_alone_us(events, steps)
+    alone = collective_alone_us(groups, steps)
     print(f"  collective alone (not hidden by compute): {alone / 1e3:.3f} ms/step ({alone / busy:.1%} of busy)")
-    mean_beside, n_beside, mean_alone, n_alone = matmuls_beside_collectives(events)
+    mean_beside, n_beside, mean_alone, n_alone = matmuls_beside_collectives(groups)
     ratio = f", {mean_beside / mean_alone:.2f}x" if n_beside and n_alone else ""
     print(f"  matmuls beside a collective: mean {mean_beside:.1f} µs (n={n_beside}) vs alone "
           f"{mean_alone:.1f} µs (n={n_alone}){ratio}")
@@ -196,8 +168,9 @@ def main() -> None:
     for path in a.traces:
         trace = json.loads(path.read_text())
         events, steps = profiled(trace, a.steps)
-        report(str(path), events, steps)
-        clocks[str(path)] = collectives_on_the_clock(trace, events), steps
+        groups = by_class(events)  # each event classified once, for every figure
+        report(str(path), groups, steps)
+        clocks[str(path)] = collectives_on_the_clock(trace, groups["collective"]), steps
     (first_name, (first, _)), *others = clocks.items()
     for name, (other, steps) in others:
         report_arrivals(first_name, first, name, other, steps)

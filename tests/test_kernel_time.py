@@ -1,6 +1,6 @@
 """benchmarks/kernel_time.py on a hand-made trace of two overlapping streams: busy time per kernel
 class and in all, per step (over the `step N` spans, or the steps given where the trace names none);
-the time a collective runs alone (the interval subtraction under it); the matmuls that overlap a
+the time a collective runs alone; the matmuls that overlap a
 collective against those that do not; which of two ranks reached each collective later (on the
 host's clock, each trace's own base added); and the CLI's block per rank and its refusal of a trace
 without device kernels."""
@@ -46,28 +46,24 @@ TRACE = {"traceEvents": [*STEPS, span("cpu_op", "aten::mm", 90, 10), *DEVICE, AF
 def test_device_time_per_step_by_class(kernel_time):
     events, steps = kernel_time.profiled(TRACE, unnamed_steps=5)
     assert steps == 2 and len(events) == len(DEVICE) + 1  # two step spans: unnamed_steps not used
-    assert kernel_time.time_by_class(events, steps) == {
+    groups = kernel_time.by_class(events)
+    assert kernel_time.time_by_class(groups, steps) == {
         "collective": 85, "matmul": 250, "attention": 30, "optimizer": 25, "multi-tensor": 15, "copy": 10,
         "other": 20, "busy": 400}  # busy: 100-420, 500-600, 650-730, 800-840, 850-910, 920-980, 1100-1240
-    assert kernel_time.collective_alone_us(events, steps) == 50
-
-
-def test_subtract_keeps_what_no_cut_covers(kernel_time):
-    # A cut across two intervals, one past an interval's end, one covering an interval whole.
-    kept = kernel_time.subtract([(0, 10), (20, 30), (40, 50), (60, 70)], [(5, 25), (28, 45), (60, 70)])
-    assert kept == [(0, 5), (25, 28), (45, 50)]
+    assert kernel_time.collective_alone_us(groups, steps) == 50
 
 
 def test_matmuls_beside_a_collective_against_alone(kernel_time):
     # The sm90 gemm overlaps the all-gather; nvjet (twice) and ampere run alone: counts over both steps.
-    assert kernel_time.matmuls_beside_collectives(kernel_time.profiled(TRACE, 1)[0]) == (200, 1, 100, 3)
-    beside, n_beside, alone, n_alone = kernel_time.matmuls_beside_collectives([DEVICE[4]])
+    groups = kernel_time.by_class(kernel_time.profiled(TRACE, 1)[0])
+    assert kernel_time.matmuls_beside_collectives(groups) == (200, 1, 100, 3)
+    beside, n_beside, alone, n_alone = kernel_time.matmuls_beside_collectives(kernel_time.by_class([DEVICE[4]]))
     assert math.isnan(beside) and (n_beside, alone, n_alone) == (0, 100, 1)
 
 
 def test_a_trace_without_step_spans_is_divided_by_the_steps_given(kernel_time):
     events, steps = kernel_time.profiled({"traceEvents": [*DEVICE, AFTER]}, unnamed_steps=4)
-    assert steps == 4 and kernel_time.time_by_class(events, steps)["busy"] == 200
+    assert steps == 4 and kernel_time.time_by_class(kernel_time.by_class(events), steps)["busy"] == 200
 
 
 def test_the_cli_prints_a_block_per_trace_and_refuses_one_without_device_kernels(kernel_time, tmp_path,
@@ -101,10 +97,13 @@ RANK1 = rank_trace(1_000_500, [(AG, 1_001_250, 1_001_300), (RS, 1_004_760, 1_005
 
 
 def test_which_rank_reached_each_collective_later(kernel_time):
-    clock0, clock1 = (kernel_time.collectives_on_the_clock(t, kernel_time.profiled(t, 1)[0]) for t in (RANK0, RANK1))
+    def collectives(trace: dict) -> list[dict]:
+        return kernel_time.by_class(kernel_time.profiled(trace, 1)[0])["collective"]
+
+    clock0, clock1 = (kernel_time.collectives_on_the_clock(t, collectives(t)) for t in (RANK0, RANK1))
     assert sorted(kernel_time.arrival_lags(clock0, clock1)) == [-40, 250]
     # Compared without each trace's base, nothing would end together.
-    assert kernel_time.arrival_lags(clock0, kernel_time.collectives_on_the_clock({}, kernel_time.profiled(RANK1, 1)[0])) == []
+    assert kernel_time.arrival_lags(clock0, kernel_time.collectives_on_the_clock({}, collectives(RANK1))) == []
 
 
 def test_the_cli_compares_each_rank_with_the_first(kernel_time, tmp_path, monkeypatch, capsys):

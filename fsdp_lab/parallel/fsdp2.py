@@ -18,9 +18,8 @@ def dtype_or_none(name: str | None) -> torch.dtype | None:
     return getattr(torch, name) if name else None
 
 
-def apply_fsdp2(model: nn.Module, mesh, units: list[nn.Module | list[nn.Module]], cfg: FSDPConfig) -> nn.Module:
-    """Shard each unit (a module, or a list of modules sharded as one: fsdp_lab.parallel.wrap.grouped),
-    then the root."""
+def apply_fsdp2(model: nn.Module, mesh, groups: list[list[nn.Module]], cfg: FSDPConfig) -> nn.Module:
+    """Shard each group of modules as one unit (fsdp_lab.parallel.wrap.grouped), then the root."""
     kwargs = dict(
         mesh=mesh,
         reshard_after_forward=cfg.reshard_after_forward,
@@ -31,16 +30,18 @@ def apply_fsdp2(model: nn.Module, mesh, units: list[nn.Module | list[nn.Module]]
     if cfg.cpu_offload:
         # Pinned host memory needs an accelerator; on a CPU-only machine the params are plain CPU memory.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
-    for unit in units:
-        fully_shard(unit, **kwargs)
+    for group in groups:
+        # A lone module is passed as itself, as before groups existed: torch 2.13 takes a one-module
+        # list down the same path, torch 2.11 (on the GPUs) was not checked for it.
+        fully_shard(group if len(group) > 1 else group[0], **kwargs)
         # Methods the model calls instead of forward must unshard the unit as forward does.
-        for module in unit if isinstance(unit, list) else [unit]:
+        for module in group:
             for method in getattr(module, "fsdp_forward_methods", ()):
                 register_fsdp_forward_method(module, method)
     fully_shard(model, **kwargs)
     # A group's modules share one FSDP state: prefetching its first prefetches the group.
-    _set_explicit_prefetch([u[0] if isinstance(u, list) else u for u in units], cfg.forward_prefetch, cfg.backward_prefetch)
-    log.info("fsdp2: %d units + root on mesh %s, reshard_after_forward=%s", len(units), mesh, cfg.reshard_after_forward)
+    _set_explicit_prefetch([group[0] for group in groups], cfg.forward_prefetch, cfg.backward_prefetch)
+    log.info("fsdp2: %d units + root on mesh %s, reshard_after_forward=%s", len(groups), mesh, cfg.reshard_after_forward)
     return model
 
 

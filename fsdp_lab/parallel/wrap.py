@@ -31,11 +31,9 @@ def wrap_units(model: nn.Module, cfg: WrapConfig) -> list[nn.Module]:
     return units
 
 
-def grouped(units: list[nn.Module], size: int) -> list[nn.Module | list[nn.Module]]:
-    """The units as fully_shard takes them, `size` consecutive ones to a list (the last may be
-    shorter); a unit alone stays a module."""
-    groups = [units[i : i + size] for i in range(0, len(units), size)]
-    return [g[0] if len(g) == 1 else g for g in groups]
+def grouped(units: list[nn.Module], size: int) -> list[list[nn.Module]]:
+    """The units, `size` consecutive ones to a group (the last may be shorter): each group one FSDP unit."""
+    return [units[i : i + size] for i in range(0, len(units), size)]
 
 
 def _post_order(module: nn.Module):
