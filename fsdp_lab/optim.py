@@ -24,11 +24,45 @@ from torch.distributed.tensor.placement_types import Replicate
 from fsdp_lab.config import OptimConfig
 
 
+def _laid_out_alike(param: torch.Tensor, grad: torch.Tensor) -> bool:
+    """Whether `grad` is split over the ranks as `param` is (same mesh, same placements), so that an
+    elementwise step on the local tensors is the step on the whole parameter."""
+    if not isinstance(param, DTensor):
+        return not isinstance(grad, DTensor)
+    return isinstance(grad, DTensor) and grad.device_mesh == param.device_mesh and grad.placements == param.placements
+
+
+class _StepsLocalShards:
+    """Adam's step taken on the local tensors of DTensor parameters, gradients and moments. The
+    update is elementwise, so it is the same numbers; what it spares is DTensor's dispatch of the
+    multi-tensor call, which unwraps and checks every tensor of the list on every step: at the 0.95B
+    benchmark's shape on 2 GPUs the fused AdamW call took 5.5 ms of host time, 0.5 ms of it the fused
+    op on the local tensors, in a step that waits for its host. The moments are created (by Adam
+    itself) and kept as DTensors, so checkpoints see them sharded as their parameters. A gradient
+    laid out otherwise than its parameter (a replicated parameter's partial gradient) leaves the
+    group to DTensor, which reduces it first."""
+
+    def _init_group(self, group, params, grads, *states):
+        has_complex = super()._init_group(group, params, grads, *states)
+        if all(_laid_out_alike(p, g) for p, g in zip(params, grads)):
+            for tensors in (params, grads, *states):
+                tensors[:] = [t._local_tensor if isinstance(t, DTensor) else t for t in tensors]
+        return has_complex
+
+
+class Adam(_StepsLocalShards, torch.optim.Adam):
+    pass
+
+
+class AdamW(_StepsLocalShards, torch.optim.AdamW):
+    pass
+
+
 def build_optimizer(params, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
     params = [p for p in params if p.requires_grad]
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, foreach=cfg.foreach)
-    cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
+    cls = AdamW if cfg.name == "adamw" else Adam
     fused = device.type == "cuda" and cfg.foreach is None
     return cls(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=cfg.foreach, fused=fused or None)
 
