@@ -7,7 +7,9 @@ profile/trace_rank<R>.json, or speed.py --profile's DIR/<peer>/ traces), per pro
    each the union of its own kernels' intervals (streams merged), beside the device's busy time.
    Classes run side by side on their streams, so the shares add up to more than 100%.
 2. collective-alone time: a collective runs and nothing else does, the communication that compute
-   did not hide.
+   did not hide; then by the collective's kind (all-gather, reduce-scatter, all-reduce, ...), which
+   says which end of the step it is at: the forward starts on an all-gather with nothing to hide it,
+   the backward ends on reduce-scatters (kinds running together each count the time).
 3. matmuls beside collectives: the mean duration of the matmul kernels that overlap a collective
    against those that overlap none. NCCL's kernels take SMs and memory bandwidth from the matmuls
    beside them; the ratio is what that contention costs a matmul.
@@ -89,6 +91,26 @@ def collective_alone_us(groups: dict[str, list[dict]], steps: int) -> float:
     return length(subtract(busy_intervals(groups["collective"]), others)) / steps
 
 
+NCCL_KIND = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
+
+
+def collective_kind(event: dict) -> str:
+    """AllGather, ReduceScatter, AllReduce, SendRecv, ... from NCCL's kernel name."""
+    match = NCCL_KIND.search(event["name"])
+    return match.group(1) if match else event["name"]
+
+
+def collective_alone_by_kind(groups: dict[str, list[dict]], steps: int) -> dict[str, float]:
+    """{collective kind: µs per step when it runs and no kernel or copy of another class does}, the
+    largest first."""
+    others = busy_intervals([e for cls, group in groups.items() if cls != "collective" for e in group])
+    kinds: dict[str, list[dict]] = {}
+    for e in groups["collective"]:
+        kinds.setdefault(collective_kind(e), []).append(e)
+    alone = {kind: length(subtract(busy_intervals(events), others)) / steps for kind, events in kinds.items()}
+    return dict(sorted(alone.items(), key=lambda item: -item[1]))
+
+
 def matmuls_beside_collectives(groups: dict[str, list[dict]]) -> tuple[float, int, float, int]:
     """(mean µs, count) of the matmul kernels that overlap a collective, then of those that overlap
     none, over all the profiled steps; a mean of no kernels is nan."""
@@ -153,6 +175,7 @@ def report(name: str, groups: dict[str, list[dict]], steps: int) -> None:
         print(f"  {cls:<13}{us / 1e3:9.3f}  {us / busy:6.1%}")
     alone = collective_alone_us(groups, steps)
     print(f"  collective alone (not hidden by compute): {alone / 1e3:.3f} ms/step ({alone / busy:.1%} of busy)")
+    print("    by kind: " + ", ".join(f"{kind} {us / 1e3:.3f}" for kind, us in collective_alone_by_kind(groups, steps).items()))
     mean_beside, n_beside, mean_alone, n_alone = matmuls_beside_collectives(groups)
     ratio = f", {mean_beside / mean_alone:.2f}x" if n_beside and n_alone else ""
     print(f"  matmuls beside a collective: mean {mean_beside:.1f} µs (n={n_beside}) vs alone "

@@ -1,6 +1,6 @@
 """benchmarks/kernel_time.py on a hand-made trace of two overlapping streams: busy time per kernel
 class and in all, per step (over the `step N` spans, or the steps given where the trace names none);
-the time a collective runs alone; the matmuls that overlap a
+the time a collective runs alone, in all and by its kind; the matmuls that overlap a
 collective against those that do not; which of two ranks reached each collective later (on the
 host's clock, each trace's own base added); and the CLI's block per rank and its refusal of a trace
 without device kernels."""
@@ -51,6 +51,8 @@ def test_device_time_per_step_by_class(kernel_time):
         "collective": 85, "matmul": 250, "attention": 30, "optimizer": 25, "multi-tensor": 15, "copy": 10,
         "other": 20, "busy": 400}  # busy: 100-420, 500-600, 650-730, 800-840, 850-910, 920-980, 1100-1240
     assert kernel_time.collective_alone_us(groups, steps) == 50
+    # The all-gather alone 300-350 and 370-400, the reduce-scatter 380-420 (both at once 380-400).
+    assert kernel_time.collective_alone_by_kind(groups, steps) == {"AllGather": 40, "ReduceScatter": 20}
 
 
 def test_matmuls_beside_a_collective_against_alone(kernel_time):
