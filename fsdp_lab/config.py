@@ -222,6 +222,13 @@ class FSDPConfig:
     fsdp1 prefetches at most one block: 1 sets its forward_prefetch."""
     backward_prefetch: int = bounded(0, ge=0)
     """Blocks to all-gather ahead in backward (explicit prefetch); 0 = FSDP's implicit prefetch."""
+    cast_forward_inputs: bool = True
+    """fsdp2: every unit casts its floating-point forward inputs to param_dtype
+    (MixedPrecisionPolicy.cast_forward_inputs); false: only the root does (the model's own inputs),
+    and each unit takes what the modules before it produced. That spares the host a walk over every
+    unit's inputs on every forward, where they already come in param_dtype (a transformer's blocks,
+    fed by an embedding sharded in param_dtype); an input in another dtype then meets the unit's
+    weights as it is."""
     post_optim_event: bool = False
     """fsdp2: after every optimizer.step record an event on the current stream and hand it to the root
     (set_post_optim_event): its next all-gathers wait on that event, not on the whole stream. CPU has

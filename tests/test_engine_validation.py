@@ -18,6 +18,7 @@ from fsdp_lab.config import ConfigError
         ("fsdp.use_orig_params=true", "fsdp.use_orig_params=true: applies to mesh.engine=fsdp1, not mesh.engine=fsdp2"),
         ("fsdp.backward_prefetch_policy=off", "fsdp.backward_prefetch_policy=off: applies to mesh.engine=fsdp1, not mesh.engine=fsdp2"),
         ("mesh.engine=fsdp1 fsdp.backward_prefetch=1", "fsdp.backward_prefetch=1: applies to mesh.engine=fsdp2, not mesh.engine=fsdp1"),
+        ("mesh.engine=fsdp1 fsdp.cast_forward_inputs=false", "fsdp.cast_forward_inputs=false: applies to mesh.engine=fsdp2, not mesh.engine=fsdp1"),
         ("mesh=hsdp mesh.engine=fsdp1 fsdp.reshard_after_forward=2",
          "fsdp.reshard_after_forward=2 with mesh.engine=fsdp1: allowed are true, false"),
         ("mesh.engine=fsdp1 fsdp.sharding_strategy=full_shard fsdp.reshard_after_forward=false",

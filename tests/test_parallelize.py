@@ -72,6 +72,12 @@ def test_fsdp2_knobs_reach_fully_shard(built):
     assert first._states_to_forward_prefetch == [second] and second._states_to_backward_prefetch == [first]
 
 
+def test_without_cast_forward_inputs_only_the_root_casts(built):
+    _, _, model = built("fsdp.param_dtype=bfloat16", "fsdp.cast_forward_inputs=false")
+    assert model._get_fsdp_state()._mp_policy.cast_forward_inputs, "the root casts the model's inputs"
+    assert not any(block._get_fsdp_state()._mp_policy.cast_forward_inputs for block in model.layers)
+
+
 def test_wrap_group_shards_consecutive_blocks_as_one_unit_and_prefetches_group_to_group(built):
     _, _, model = built("model.n_layers=5", "wrap.group=2", "fsdp.forward_prefetch=1")
     states = [block._get_fsdp_state() for block in model.layers]
@@ -258,6 +264,13 @@ def loss_and_grad_norm(run, model: nn.Module) -> tuple[float, float]:
     loss.backward()
     grads = [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters() if p.grad is not None]
     return float(loss), float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
+
+
+def test_blocks_fed_in_param_dtype_train_the_same_without_casting_their_inputs(on_one_rank):
+    """The embedding's unit computes in bfloat16, so every block's input already is: the cast each
+    block's unit makes is a no-op, and leaving it out changes no number."""
+    casting = loss_and_grad_norm(*on_one_rank("fsdp.param_dtype=bfloat16"))
+    assert loss_and_grad_norm(*on_one_rank("fsdp.param_dtype=bfloat16", "fsdp.cast_forward_inputs=false")) == casting
 
 
 @pytest.mark.parametrize("engine", ["fsdp2", "fsdp1"])

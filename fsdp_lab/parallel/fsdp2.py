@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -20,12 +21,11 @@ def dtype_or_none(name: str | None) -> torch.dtype | None:
 
 def apply_fsdp2(model: nn.Module, mesh, groups: list[list[nn.Module]], cfg: FSDPConfig) -> nn.Module:
     """Shard each group of modules as one unit (fsdp_lab.parallel.wrap.grouped), then the root."""
+    mp_policy = MixedPrecisionPolicy(param_dtype=dtype_or_none(cfg.param_dtype), reduce_dtype=dtype_or_none(cfg.reduce_dtype))
     kwargs = dict(
         mesh=mesh,
         reshard_after_forward=cfg.reshard_after_forward,
-        mp_policy=MixedPrecisionPolicy(
-            param_dtype=dtype_or_none(cfg.param_dtype), reduce_dtype=dtype_or_none(cfg.reduce_dtype)
-        ),
+        mp_policy=dataclasses.replace(mp_policy, cast_forward_inputs=cfg.cast_forward_inputs),
     )
     if cfg.cpu_offload:
         # Pinned host memory needs an accelerator; on a CPU-only machine the params are plain CPU memory.
@@ -38,7 +38,7 @@ def apply_fsdp2(model: nn.Module, mesh, groups: list[list[nn.Module]], cfg: FSDP
         for module in group:
             for method in getattr(module, "fsdp_forward_methods", ()):
                 register_fsdp_forward_method(module, method)
-    fully_shard(model, **kwargs)
+    fully_shard(model, **{**kwargs, "mp_policy": mp_policy})  # the root casts the model's inputs
     # A group's modules share one FSDP state: prefetching its first prefetches the group.
     _set_explicit_prefetch([group[0] for group in groups], cfg.forward_prefetch, cfg.backward_prefetch)
     log.info("fsdp2: %d units + root on mesh %s, reshard_after_forward=%s", len(groups), mesh, cfg.reshard_after_forward)
