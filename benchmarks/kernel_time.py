@@ -85,12 +85,6 @@ def time_by_class(groups: dict[str, list[dict]], steps: int) -> dict[str, float]
     return {**times, "busy": length(busy_intervals([e for group in groups.values() for e in group])) / steps}
 
 
-def collective_alone_us(groups: dict[str, list[dict]], steps: int) -> float:
-    """µs per step when a collective runs and no kernel or copy of another class does."""
-    others = busy_intervals([e for cls, group in groups.items() if cls != "collective" for e in group])
-    return length(subtract(busy_intervals(groups["collective"]), others)) / steps
-
-
 NCCL_KIND = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 
 
@@ -100,15 +94,19 @@ def collective_kind(event: dict) -> str:
     return match.group(1) if match else event["name"]
 
 
-def collective_alone_by_kind(groups: dict[str, list[dict]], steps: int) -> dict[str, float]:
-    """{collective kind: µs per step when it runs and no kernel or copy of another class does}, the
-    largest first."""
+def collective_alone(groups: dict[str, list[dict]], steps: int) -> tuple[float, dict[str, float]]:
+    """(µs per step when a collective runs and no kernel or copy of another class does, {collective
+    kind: the same for that kind's kernels}, the largest first)."""
     others = busy_intervals([e for cls, group in groups.items() if cls != "collective" for e in group])
+
+    def alone(events: list[dict]) -> float:
+        return length(subtract(busy_intervals(events), others)) / steps
+
     kinds: dict[str, list[dict]] = {}
     for e in groups["collective"]:
         kinds.setdefault(collective_kind(e), []).append(e)
-    alone = {kind: length(subtract(busy_intervals(events), others)) / steps for kind, events in kinds.items()}
-    return dict(sorted(alone.items(), key=lambda item: -item[1]))
+    by_kind = sorted(((kind, alone(events)) for kind, events in kinds.items()), key=lambda item: -item[1])
+    return alone(groups["collective"]), dict(by_kind)
 
 
 def matmuls_beside_collectives(groups: dict[str, list[dict]]) -> tuple[float, int, float, int]:
@@ -173,9 +171,9 @@ def report(name: str, groups: dict[str, list[dict]], steps: int) -> None:
     print(f"  {'class':<13}{'ms/step':>9}  share of busy")
     for cls, us in times.items():
         print(f"  {cls:<13}{us / 1e3:9.3f}  {us / busy:6.1%}")
-    alone = collective_alone_us(groups, steps)
+    alone, by_kind = collective_alone(groups, steps)
     print(f"  collective alone (not hidden by compute): {alone / 1e3:.3f} ms/step ({alone / busy:.1%} of busy)")
-    print("    by kind: " + ", ".join(f"{kind} {us / 1e3:.3f}" for kind, us in collective_alone_by_kind(groups, steps).items()))
+    print("    by kind: " + ", ".join(f"{kind} {us / 1e3:.3f}" for kind, us in by_kind.items()))
     mean_beside, n_beside, mean_alone, n_alone = matmuls_beside_collectives(groups)
     ratio = f", {mean_beside / mean_alone:.2f}x" if n_beside and n_alone else ""
     print(f"  matmuls beside a collective: mean {mean_beside:.1f} µs (n={n_beside}) vs alone "

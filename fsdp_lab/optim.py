@@ -37,11 +37,11 @@ class _StepsLocalShards:
     update is elementwise, so it is the same numbers; what it spares is DTensor's dispatch of the
     multi-tensor call, which unwraps and checks every tensor of the list on every step: at the 0.95B
     benchmark's shape on 2 GPUs the fused AdamW call took 5.5 ms of host time, 0.5 ms of it the fused
-    op on the local tensors, in a step that waits for its host (on local tensors the whole step took
-1.6 ms). The moments are created (by Adam
-    itself) and kept as DTensors, so checkpoints see them sharded as their parameters. A gradient
-    laid out otherwise than its parameter (a replicated parameter's partial gradient) leaves the
-    group to DTensor, which reduces it first."""
+    op on the local tensors, in a step that waits for its host; on the local tensors the whole
+    optimizer step took 1.6 ms. The moments are created (by Adam itself) and kept as DTensors, so
+    checkpoints see them sharded as their parameters. A gradient laid out otherwise than its
+    parameter (a replicated parameter's partial gradient) leaves the group to DTensor, which
+    reduces it first."""
 
     def _init_group(self, group, params, grads, *states):
         has_complex = super()._init_group(group, params, grads, *states)

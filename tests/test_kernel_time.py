@@ -50,9 +50,10 @@ def test_device_time_per_step_by_class(kernel_time):
     assert kernel_time.time_by_class(groups, steps) == {
         "collective": 85, "matmul": 250, "attention": 30, "optimizer": 25, "multi-tensor": 15, "copy": 10,
         "other": 20, "busy": 400}  # busy: 100-420, 500-600, 650-730, 800-840, 850-910, 920-980, 1100-1240
-    assert kernel_time.collective_alone_us(groups, steps) == 50
+    alone, by_kind = kernel_time.collective_alone(groups, steps)
+    assert alone == 50
     # The all-gather alone 300-350 and 370-400, the reduce-scatter 380-420 (both at once 380-400).
-    assert kernel_time.collective_alone_by_kind(groups, steps) == {"AllGather": 40, "ReduceScatter": 20}
+    assert by_kind == {"AllGather": 40, "ReduceScatter": 20}
 
 
 def test_matmuls_beside_a_collective_against_alone(kernel_time):
