@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from fsdp_lab.probes.memory import PHASES, PhaseMemory
+from fsdp_lab.memory_phases import PHASES
+from fsdp_lab.probes.memory import PhaseMemory
 from fsdp_lab.probes.perf import Throughput
 from speed import lab
 

@@ -37,8 +37,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-from lab import run_lab  # noqa: E402
+from fsdp_lab.cli_process import run_lab  # noqa: E402
 from yardstick_loop import SHAPE  # noqa: E402  (benchmarks/, this script's directory)
 
 SHAPES = {

@@ -7,9 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
-
 
 class ConfigError(ValueError):
     """A user's mistake in the configuration; printed as one line, exit code 2."""
@@ -534,43 +531,3 @@ class RunConfig:
     (fsdp_lab/checks.py): parity_ok, frozen_unchanged, phases_stable, optimizer_state_in_first_step,
     tracker_categories_sum_to_peak, tracker_accuracy (GPU), resumed, all_gather_per_step:N,
     reduce_scatter_per_step:N, all_reduce_per_step:N."""
-
-
-def register_schema() -> None:
-    """Make `run_schema` available to conf/config.yaml's defaults list, and each model family's config
-    as `/schema/model/NAME` to its conf/model/NAME.yaml."""
-    from fsdp_lab.models import SPECS  # the models import this module
-
-    store = ConfigStore.instance()
-    store.store(name="run_schema", node=RunConfig)
-    for name, spec in SPECS.items():
-        store.store(group="schema/model", name=name, node=_model_schema(spec.config))
-
-
-def _model_schema(config: type) -> DictConfig:
-    """The family's structured config; its dict fields (a transformers config, a Hydra instantiate
-    node) take new keys without `+`, as `model.config.hidden_size=256`."""
-    node = OmegaConf.structured(config)
-    for f in fields(config):
-        if isinstance(getattr(config(), f.name), dict):
-            OmegaConf.set_struct(node[f.name], False)
-    return node
-
-
-def to_run_config(cfg: DictConfig) -> RunConfig:
-    """The composed DictConfig as a typed RunConfig, every interpolation resolved.
-
-    Merging onto the schema again (the model's family config for `model`) catches keys that Hydra
-    lets through with `+key=` overrides."""
-    from fsdp_lab.models import model_spec
-
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    plain.pop("hydra", None)
-    family = model_spec(plain.get("model", {}).get("name", ModelConfig.name)).config
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), {"model": _model_schema(family)}, plain)
-    except Exception as e:  # omegaconf's errors span lines; the first names the key and value
-        raise ConfigError(str(e).splitlines()[0]) from None
-    run = OmegaConf.to_object(merged)
-    check_fields(run)
-    return run

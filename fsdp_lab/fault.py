@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from fsdp_lab.config import FaultConfig
-from fsdp_lab.probes.parity import unwrap
+from fsdp_lab.modules import unwrap
 
 
 class Faults:

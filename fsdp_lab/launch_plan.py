@@ -7,7 +7,7 @@ import copy
 
 from omegaconf import DictConfig, open_dict, read_write
 
-from fsdp_lab.config import to_run_config
+from fsdp_lab.compose import to_run_config
 from fsdp_lab.dist import default_world_size, resolve_device_type
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.validate import check_run, prepare, requested_world_size

@@ -13,18 +13,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from fsdp_lab.checkpoint import newest_intact
-from fsdp_lab.config import ConfigError, register_schema
+from fsdp_lab.compose import CONF_DIR
+from fsdp_lab.config import ConfigError
 from fsdp_lab.dist import is_rank_process, resolve_device_type
-from fsdp_lab.rundir import register_resolvers
 from fsdp_lab.sinks.files import METRICS_FILE, read_summary, write_summary
 from fsdp_lab.sweep import label_sweep_job
 from fsdp_lab.validate import prepare
 from fsdp_lab.worker import base_summary
-
-register_schema()
-register_resolvers()
-
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
 def fail(message: str, code: int) -> None:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from fsdp_lab.probes.parity import unwrap
+from fsdp_lab.modules import unwrap
 from fsdp_lab.step import forward_backward, unmeasured
 
 

@@ -12,7 +12,8 @@ from omegaconf import DictConfig
 
 from fsdp_lab.checkpoint import CheckpointError, check_compatible, verify
 from fsdp_lab.checks import parse as parse_check
-from fsdp_lab.config import ConfigError, FSDPConfig, MeshConfig, RunConfig, TrainConfig, to_run_config
+from fsdp_lab.compose import to_run_config
+from fsdp_lab.config import ConfigError, FSDPConfig, MeshConfig, RunConfig, TrainConfig
 from fsdp_lab.dist import default_world_size, is_rank_process, resolve_device_type
 from fsdp_lab.freeze import frozen_names, mixed_units
 from fsdp_lab.mesh import ParallelDims

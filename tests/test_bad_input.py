@@ -14,7 +14,7 @@ import pytest
 
 from fsdp_lab.config import ModelConfig, RunConfig
 from in_process import run_lab_here
-from lab import run_lab
+from fsdp_lab.cli_process import run_lab
 
 pytestmark = pytest.mark.bad_input
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_lab.config import ConfigError
-from fsdp_lab.run import CONF_DIR
+from fsdp_lab.compose import CONF_DIR
 
 GROUPS = ["model", "mesh", "wrap", "ac", "checkpoint", "optim", "probes", "logger"]
 

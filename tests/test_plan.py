@@ -14,7 +14,7 @@ import time
 import pytest
 
 from benchmark_scripts import load
-from compose import compose_run
+from fsdp_lab.compose import compose_run
 from fsdp_lab.plan.cost import COMPILED_ELEMENTWISE, Layout, group_link, price, step_time
 from fsdp_lab.plan.device import Device, load_device
 from fsdp_lab.plan.host import DEPTHS, ROUNDS, Counts, fit_host, host_runs, host_times, kernel_s, run_name, widths

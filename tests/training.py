@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compose import compose_run
+from fsdp_lab.compose import compose_run
 from fsdp_lab.config import RunConfig
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.worker import build_trainer

@@ -30,7 +30,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from fsdp_lab.config import ACConfig
-from fsdp_lab.probes.parity import unwrap
+from fsdp_lab.modules import unwrap
 
 log = logging.getLogger(__name__)
 

@@ -60,13 +60,9 @@ def layout_of(run: RunConfig, world_size: int) -> Layout:
 
 def run_of(overrides: list[str]) -> RunConfig:
     """The run `python -m fsdp_lab OVERRIDES` configures (composed in this process)."""
-    from hydra import compose, initialize_config_dir
+    from fsdp_lab.compose import compose_run
 
-    from fsdp_lab.config import to_run_config
-    from fsdp_lab.run import CONF_DIR
-
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        return to_run_config(compose("config", overrides=list(overrides)))
+    return compose_run(*overrides)
 
 
 def predict_overrides(overrides: list[str], *, world_size: int, device: str, gpus_per_node: int) -> dict:
