@@ -6,7 +6,7 @@ attention by shape from the measured tables, everything else by the bytes it mov
 matmuls and the sharded activations and adds its all-reduces; FSDP's all-gathers and
 reduce-scatters run on a comm stream beside the compute, unit by unit, as FSDP2 issues them
 (prefetching one unit ahead); PP runs a stage's share of the blocks with the schedule's bubble.
-The CPU issues every op, unit by unit, at the device table's measured host cost (fsdp_lab/plan/host.py,
+The CPU issues every op, unit by unit, at the device table's measured host cost (fsdp_lab/calibrate/host.py,
 read at the block's kernel time):
 a unit's kernels finish no earlier than the host has issued them, so a step whose host work outruns
 its GPU work is host-bound (its optimizer runs after the host's last launch), and one whose GPU work
