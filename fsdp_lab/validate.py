@@ -13,10 +13,10 @@ from omegaconf import DictConfig
 from fsdp_lab.checkpoint import CheckpointError, check_compatible, verify
 from fsdp_lab.checks import parse as parse_check
 from fsdp_lab.compose import to_run_config
-from fsdp_lab.config import ConfigError, FSDPConfig, MeshConfig, RunConfig, TrainConfig
+from fsdp_lab.config import ConfigError, FSDPConfig, RunConfig, TrainConfig
 from fsdp_lab.dist import default_world_size, is_rank_process, resolve_device_type
 from fsdp_lab.freeze import frozen_names, mixed_units
-from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.mesh import ParallelDims, requested_world_size
 from fsdp_lab.models import SPECS, build_meta, count_params, model_spec
 from fsdp_lab.models.spec import ModelSpec
 from fsdp_lab.estimate.pipeline import ESTIMABLE_SCHEDULES
@@ -33,10 +33,7 @@ def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
     if run.mode == "plan":
         return _prepare_plan(run)
     device_type = resolve_device_type(run.device)
-    dims = ParallelDims.resolve(
-        pp=run.mesh.pp, dp_replicate=run.mesh.dp_replicate, dp_shard=run.mesh.dp_shard, tp=run.mesh.tp,
-        world_size=_world_size(run, device_type),
-    )
+    dims = ParallelDims.from_mesh(run.mesh, _world_size(run, device_type))
     derive_batch_size(run.train, dims)
     check_run(run, dims, device_type)
     return run, dims
@@ -48,9 +45,7 @@ def _prepare_estimate(run: RunConfig) -> tuple[RunConfig, ParallelDims]:
     m = run.mesh
     if m.dp_shard == -1 and m.world_size is None:
         raise ConfigError("mesh.dp_shard=-1: mode=estimate needs the world size; set mesh.dp_shard=N or mesh.world_size=N")
-    dims = ParallelDims.resolve(
-        pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, world_size=requested_world_size(m, m.world_size),
-    )
+    dims = ParallelDims.from_mesh(m, requested_world_size(m, m.world_size))
     check_estimable(run)  # first: what cannot be estimated at all says so before finer checks
     derive_batch_size(run.train, dims)
     check_run(run, dims, "cuda")
@@ -62,7 +57,7 @@ def _prepare_plan(run: RunConfig) -> tuple[RunConfig, ParallelDims]:
     from fsdp_lab.plan.run import check_plan
 
     check_plan(run)
-    return run, ParallelDims.resolve(pp=1, dp_replicate=1, dp_shard=run.plan.gpus, tp=1, world_size=run.plan.gpus)
+    return run, ParallelDims.resolve(run.plan.gpus)
 
 
 def check_estimable(run: RunConfig) -> None:
@@ -92,19 +87,6 @@ def _world_size(run: RunConfig, device_type: str) -> int:
     world = requested_world_size(run.mesh, default_world_size(device_type, run.mesh.cpu_world_size))
     if device_type == "cuda" and world > torch.cuda.device_count():
         raise ConfigError(f"mesh: world size {world} needs {world} GPUs, but {torch.cuda.device_count()} are visible")
-    return world
-
-
-def requested_world_size(m: MeshConfig, default: int) -> int:
-    """The ranks a mesh asks for: the product of its degrees, or `default` when dp_shard=-1 fills any world."""
-    if m.dp_shard == -1:
-        return m.world_size or default
-    world = m.pp * m.dp_replicate * m.dp_shard * m.tp
-    if m.world_size is not None and m.world_size != world:
-        raise ConfigError(
-            f"mesh.world_size={m.world_size}, but pp={m.pp} x dp_replicate={m.dp_replicate} x "
-            f"dp_shard={m.dp_shard} x tp={m.tp} = {world}"
-        )
     return world
 
 

@@ -14,8 +14,7 @@ from fsdp_lab.worker import build_trainer
 def run_and_mesh(overrides: list[str], ctx) -> tuple[RunConfig, ParallelDims]:
     """`overrides` composed, and the run's mesh over every rank."""
     run = compose_run(*overrides)
-    m = run.mesh
-    return run, ParallelDims.resolve(pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, world_size=ctx.world_size)
+    return run, ParallelDims.from_mesh(run.mesh, ctx.world_size)
 
 
 def train(overrides: list[str], ctx, run_dir: Path | None = None):

@@ -7,6 +7,7 @@ import dataclasses
 from functools import cached_property
 
 from fsdp_lab.config import RunConfig
+from fsdp_lab.mesh import ParallelDims, degrees
 from fsdp_lab.plan.cost import DTYPE_BYTES, Layout, Model, step_time
 from fsdp_lab.plan.device import Device
 from fsdp_lab.plan.memory import peak_bytes
@@ -51,9 +52,8 @@ class Predictor:
 def layout_of(run: RunConfig, world_size: int) -> Layout:
     """The layout a run's own config describes (mesh.dp_shard=-1 filled from world_size)."""
     m, t = run.mesh, run.train
-    dp_shard = m.dp_shard if m.dp_shard != -1 else world_size // (m.pp * m.dp_replicate * m.tp)
     raf = run.fsdp.reshard_after_forward
-    return Layout(pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=dp_shard, tp=m.tp, ac=run.ac.mode,
+    return Layout(**degrees(ParallelDims.from_mesh(m, world_size)), ac=run.ac.mode,
                   microbatches=t.microbatches, microbatch_size=t.batch_size // t.microbatches,
                   reshard=raf is not False, compile=run.model.compile)
 
