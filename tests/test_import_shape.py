@@ -97,3 +97,17 @@ def test_subpackages_import_each_other_one_way():
 def test_the_cycle_check_sees_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_each_model_family_owns_its_config():
+    """A family is its module in fsdp_lab/models/ (config dataclass included), its conf file and its
+    line in SPECS: the run-level schema (config.py) holds no family's fields."""
+    import fsdp_lab.config
+    from fsdp_lab.config import ModelConfig
+    from fsdp_lab.models import SPECS
+
+    for name, spec in SPECS.items():
+        assert spec.config.__module__.startswith("fsdp_lab.models."), (name, spec.config.__module__)
+        assert (REPO / "conf" / "model" / f"{name}.yaml").exists(), name
+    in_config = [v.__name__ for v in vars(fsdp_lab.config).values() if isinstance(v, type) and issubclass(v, ModelConfig) and v is not ModelConfig]
+    assert in_config == []
