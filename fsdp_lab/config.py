@@ -414,3 +414,10 @@ class RunConfig:
     (fsdp_lab/checks.py): parity_ok, frozen_unchanged, phases_stable, optimizer_state_in_first_step,
     tracker_categories_sum_to_peak, tracker_accuracy (GPU), resumed, all_gather_per_step:N,
     reduce_scatter_per_step:N, all_reduce_per_step:N."""
+
+
+def show(value) -> str:
+    """A value as it is written in an override."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else str(value)

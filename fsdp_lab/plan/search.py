@@ -9,10 +9,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from fsdp_lab.config import ConfigError, RunConfig
+from fsdp_lab.estimate.refusals import check_estimable
 from fsdp_lab.mesh import ParallelDims, degrees
 from fsdp_lab.plan.cost import Layout
 from fsdp_lab.plan.predict import Predictor
-from fsdp_lab.validate import check_estimable, check_run
+from fsdp_lab.validate import check_run
 
 AC_MODES = ("none", "full")
 
