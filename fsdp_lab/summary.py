@@ -21,7 +21,7 @@ SCHEMA: dict[str, str] = {
     "parity.enabled": "whether the probe ran",
     "parity.ok": "every figure within its tolerance",
     "parity.reference": "ddp-<dtype>",
-    "parity.tolerance": "loss tolerance (by compute dtype)",
+    "parity.tolerance": "loss tolerance (by compute dtype; with float8 linears float8.parity_tolerance, a drift from the high-precision reference)",
     "parity.param_tolerance": "parameter and gradient-norm tolerance",
     "parity.max_loss_abs_diff": "largest |loss - reference loss| over steps",
     "parity.max_param_abs_diff": "largest |parameter shard - reference slice|",

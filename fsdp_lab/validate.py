@@ -19,6 +19,7 @@ from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import SPECS, build_meta, count_params, model_spec
 from fsdp_lab.models.spec import ModelSpec
 from fsdp_lab.estimate.pipeline import ESTIMABLE_SCHEDULES
+from fsdp_lab.parallel.float8 import check_float8
 from fsdp_lab.parallel.pipeline import MULTI_STAGE_SCHEDULES, stages_per_rank
 from fsdp_lab.parallel.wrap import wrap_units
 from fsdp_lab.probes.registry import check_probes
@@ -133,6 +134,7 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     _check_checkpoint(run)
     _check_freeze(run, model)
     _check_module_calls(run, dims, device_type, family, model)
+    check_float8(run, dims, device_type, model, family.tp_plan(run.model, run.mesh.sequence_parallel) if dims.tp_enabled else None)
     family.check(run.model, run, dims, model)
     _check_parity_fits(run, dims, device_type, count_params(model))
     for spec in run.checks:
