@@ -547,6 +547,9 @@ class RunConfig:
     """config = the mesh, AC, microbatches and resharding as configured; auto = before any rank starts,
     take the best fitting layout mode=plan predicts for the GPUs this run uses, keeping every key set
     on the command line (fsdp_lab/layout_auto.py)."""
+    layout_auto: Optional[dict[str, Any]] = None
+    """Set by layout=auto before the ranks start, not by users: what it chose (or why it kept the
+    config's layout) and the plan's prediction; summary.json's `layout`."""
     device: str = choice("auto", "auto", "cpu", "cuda")
     """auto = CUDA + NCCL when GPUs are visible, else CPU + gloo."""
     mode: str = choice("train", "train", "estimate", "plan")

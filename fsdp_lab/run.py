@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from fsdp_lab.checkpoint import newest_intact
 from fsdp_lab.config import ConfigError, register_schema
 from fsdp_lab.dist import is_rank_process, resolve_device_type
+from fsdp_lab.layout_auto import apply_layout
 from fsdp_lab.rundir import register_resolvers
 from fsdp_lab.sinks.files import METRICS_FILE, read_summary, write_summary
 from fsdp_lab.sweep import label_sweep_job
@@ -51,7 +52,7 @@ def record_spawn_failure(run_dir: Path, summary: dict, status: str, error: str) 
 def execute(cfg: DictConfig, run_dir: Path) -> None:
     """Run one composed config in `run_dir`; exits non-zero with a one-line message on failure."""
     try:
-        run, dims = prepare(cfg)
+        run, dims = prepare(apply_layout(cfg, list(HydraConfig.get().overrides.task)))
     except ConfigError as e:
         if os.environ.get("RANK", "0") == "0":
             discard_unstarted_run_dir(run_dir)
