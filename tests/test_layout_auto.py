@@ -8,6 +8,7 @@ from fsdp_lab.config import to_run_config
 from fsdp_lab.layout_auto import apply_layout, device_table, pick
 from fsdp_lab.plan.cost import Layout
 from fsdp_lab.plan.search import Candidate
+from fsdp_lab.summary import SCHEMA, keys_of
 from compose import compose_cfg
 from in_process import run_lab_here
 
@@ -57,3 +58,4 @@ def test_on_cpu_the_config_s_layout_is_kept_and_the_line_says_why(tmp_path):
     s = result.summary
     assert s["layout"] == {"mode": "auto", "device": None, "chosen": None, "reason": "no device table describes this machine (no GPU visible)"}
     assert s["status"] == "ok" and s["mesh"]["dp_shard"] == 1, "the config's mesh, a world of one here"
+    assert keys_of(s) <= set(SCHEMA), keys_of(s) - set(SCHEMA)
