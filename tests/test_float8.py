@@ -16,6 +16,8 @@ from fsdp_lab.models import build_meta, build_model, materializer
 from fsdp_lab.parallel.float8 import apply_float8, float8_plan
 from torchao.float8.float8_linear import Float8Linear
 from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+from in_process import run_lab_here
+from test_bad_input import assert_refused_before_any_rank_starts
 from warm_lab import run_lab_warm
 
 TINY = TransformerConfig(dim=16, n_layers=2, n_heads=2, ffn_dim=32, vocab_size=32)
@@ -85,6 +87,13 @@ def test_what_float8_cannot_do_is_refused_in_one_line(prepared, overrides, messa
     with pytest.raises(ValueError) as refused:
         prepared("debug=cpu_tiny", *overrides.split())
     assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.bad_input
+def test_the_cli_refuses_before_any_rank_starts_and_leaves_no_run_dir(tmp_path):
+    overrides = "debug=cpu_tiny float8.recipe=rowwise float8.fsdp_all_gather=true"
+    result = run_lab_here(*overrides.split(), run_dir=tmp_path / "run", as_rank=False)
+    assert_refused_before_any_rank_starts(result, "error: " + dict(REFUSALS)["float8.recipe=rowwise float8.fsdp_all_gather=true"], tmp_path / "run")
 
 
 def assert_float8_drift(result, world_size: int) -> dict:
