@@ -12,6 +12,7 @@ from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from fsdp_lab.config import Float8Config, TransformerConfig
+from fsdp_lab.estimate import estimate
 from fsdp_lab.models import build_meta, build_model, materializer
 from fsdp_lab.parallel.float8 import apply_float8, float8_plan
 from torchao.float8.float8_linear import Float8Linear
@@ -54,6 +55,16 @@ def test_tensorwise_tp_plan_swaps_converted_linears_for_torchaos_float8_styles_k
     assert type(styles["attention.wo"]) is Float8RowwiseParallel and styles["attention.wo"].output_layouts == (Shard(1),)
     assert styles["attention.wo"].input_layouts == (Shard(-1),) and plan["attention.wq"].output_layouts == (Shard(-1),)
     assert float8_plan(block, plan, Float8Config(recipe="rowwise")) is plan, "rowwise keeps PyTorch's styles, as torchtitan"
+
+
+def test_the_estimate_traces_the_float8_model(prepared):
+    """mode=estimate runs the conversion under its fake tensors: the converted linears' casts show in
+    the traced activations (on this CPU torchao's emulated path: see docs/float8.md)."""
+    shape = ("mode=estimate", "debug=cpu_tiny", "mesh.dp_shard=2", "model.n_heads=2", "train.seq_len=16", "fsdp.param_dtype=bfloat16")
+    plain = estimate(*prepared(*shape))
+    float8 = estimate(*prepared(*shape, "float8.recipe=tensorwise", "float8.fsdp_all_gather=true"))
+    assert float8["model"] == plain["model"], "the same parameters"
+    assert float8["traced_peak_mib"] != plain["traced_peak_mib"] and float8["phases_mib"]["after_bwd"] > 0
 
 
 REFUSALS = [
