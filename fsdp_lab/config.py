@@ -385,6 +385,26 @@ class EstimateConfig:
 
 
 @dataclass
+class Float8Config:
+    """Float8 training with torchao (fsdp_lab/parallel/float8.py): nn.Linear layers swapped for
+    torchao's Float8Linear before TP and FSDP, as torchtitan converts them."""
+
+    recipe: str = choice("none", "none", "tensorwise", "rowwise")
+    """none = bf16/fp32 linears; tensorwise = one scale per tensor (the fastest, and the one whose
+    weights FSDP2 can all-gather in float8); rowwise = a scale per row (closer to bf16, slower)."""
+    fsdp_all_gather: bool = False
+    """tensorwise with FSDP2: cast the sharded weights to float8 before the all-gather (half bf16's
+    bytes), their scales precomputed in one all-reduce after every optimizer step."""
+    skip: list[str] = field(default_factory=lambda: ["output"])
+    """Linears kept in high precision: a module whose name (as in the model, e.g. layers.0.attention.wq)
+    equals or ends with `.`+an entry, or starts with an entry + `.`; the output projection by default,
+    as torchtitan keeps it."""
+    parity_tolerance: float = bounded(0.02, gt=0)
+    """With a recipe: the loss drift from the high-precision DDP reference that parity accepts (the
+    parameter and gradient-norm tolerance is 10x this, as for every dtype); float8 rounds to 3 mantissa bits."""
+
+
+@dataclass
 class RunConfig:
     """The root of a run's configuration (conf/config.yaml composes onto it)."""
 
@@ -402,6 +422,14 @@ class RunConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
+    float8: Float8Config = field(default_factory=Float8Config)
+    layout: str = choice("config", "config", "auto")
+    """config = the mesh, AC, microbatches and resharding as configured; auto = before any rank starts,
+    take the best fitting layout mode=plan predicts for the GPUs this run uses, keeping every key set
+    on the command line (fsdp_lab/layout_auto.py)."""
+    layout_auto: Optional[dict[str, Any]] = None
+    """Set by layout=auto before the ranks start, not by users: what it chose (or why it kept the
+    config's layout) and the plan's prediction; summary.json's `layout`."""
     device: str = choice("auto", "auto", "cpu", "cuda")
     """auto = CUDA + NCCL when GPUs are visible, else CPU + gloo."""
     mode: str = choice("train", "train", "estimate", "plan")

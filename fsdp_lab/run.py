@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from fsdp_lab.compose import CONF_DIR
 from fsdp_lab.config import ConfigError
 from fsdp_lab.launch import discard_unstarted_run_dir, fail
+from fsdp_lab.layout_auto import apply_layout
 from fsdp_lab.sweep import label_sweep_job
 from fsdp_lab.validate import MODES, prepare
 
@@ -20,7 +21,7 @@ from fsdp_lab.validate import MODES, prepare
 def execute(cfg: DictConfig, run_dir: Path) -> None:
     """Run one composed config in `run_dir`; exits non-zero with a one-line message on failure."""
     try:
-        run, dims = prepare(cfg)
+        run, dims = prepare(apply_layout(cfg, list(HydraConfig.get().overrides.task)))
     except ConfigError as e:
         if os.environ.get("RANK", "0") == "0":
             discard_unstarted_run_dir(run_dir)

@@ -27,6 +27,7 @@ from fsdp_lab.mesh import ParallelDims, requested_world_size
 from fsdp_lab.models import build_meta, count_params, model_spec
 from fsdp_lab.parallel.ac import check_ac
 from fsdp_lab.parallel.engine_checks import check_fsdp
+from fsdp_lab.parallel.float8 import check_float8
 from fsdp_lab.parallel.pipeline import check_pipeline
 from fsdp_lab.parallel.tp import check_tp
 from fsdp_lab.probes.parity_probe import check_reference_fits
@@ -139,6 +140,7 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     check_checkpoint(run)
     check_freeze(run, model)
     check_module_calls(run, dims, device_type, family, model)
+    check_float8(run, dims, device_type, model, family.tp_plan(run.model, run.mesh.sequence_parallel) if dims.tp_enabled else None)
     family.check(run.model, run, dims, model)
     check_reference_fits(run, dims, device_type, count_params(model))
     for spec in run.checks:

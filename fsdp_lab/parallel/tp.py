@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 
+from collections.abc import Callable
+
 from torch import nn
 from torch.distributed.tensor.parallel import parallelize_module
 
@@ -22,15 +24,18 @@ log = logging.getLogger(__name__)
 Plan = dict[str, object]
 
 
-def apply_tp(model: nn.Module, tp_mesh, plan: TPPlan, *, name: str, sequence_parallel: bool) -> None:
-    """Apply `plan` (the model family `name`'s) to `model`'s root modules and to every block."""
+def apply_tp(model: nn.Module, tp_mesh, plan: TPPlan, *, name: str, sequence_parallel: bool,
+             styles: Callable[[nn.Module, Plan], Plan] | None = None) -> None:
+    """Apply `plan` (the model family `name`'s) to `model`'s root modules and to every block;
+    `styles(module, plan)`, given, adapts the plan to the module it is applied to (float8's styles)."""
+    adapt = styles or (lambda module, p: p)
     root_plan, block_plan = plan
     children = dict(model.named_children())
     root_plan = {path: style for path, style in root_plan.items() if path in children}
     if root_plan:
-        parallelize_module(model, tp_mesh, root_plan)
+        parallelize_module(model, tp_mesh, adapt(model, root_plan))
     for block in model.blocks:
-        parallelize_module(block, tp_mesh, block_plan)
+        parallelize_module(block, tp_mesh, adapt(block, block_plan))
     log.info("tp: %s plan over %d ranks, %d blocks, sequence_parallel=%s", name, tp_mesh.size(), len(model.blocks), sequence_parallel)
 
 

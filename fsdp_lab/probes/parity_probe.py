@@ -33,6 +33,12 @@ def compute_dtype(run: RunConfig) -> torch.dtype:
     return getattr(torch, run.fsdp.cast_after_sharding or "float32")
 
 
+def tolerance(run: RunConfig) -> float:
+    """The loss tolerance: by compute dtype, or with float8 linears the drift float8.parity_tolerance
+    accepts from the high-precision reference (which is never converted)."""
+    return run.float8.parity_tolerance if run.float8.recipe != "none" else TOLERANCES[compute_dtype(run)]
+
+
 @dataclass
 class Reference(Optimized):
     """The parity reference: a DDP copy of the model with its own optimizer and schedule."""
@@ -80,7 +86,7 @@ class ParityProbe(Probe):
         self.reference = Reference(
             model=ref, optim=Optimization.build(ref, run.optim, run.train.steps, device),
             accumulation=Accumulation(ref, AccumConfig(sync=ref_sync)),
-            verdict=ParityVerdict(tolerance=TOLERANCES[compute_dtype(run)], reference=f"ddp-{run.fsdp.cast_after_sharding or 'fp32'}"),
+            verdict=ParityVerdict(tolerance=tolerance(run), reference=f"ddp-{run.fsdp.cast_after_sharding or 'fp32'}"),
         )
         self.snapshot: list[torch.Tensor] | None = None
         self.report: dict | None = None
