@@ -13,9 +13,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from fsdp_lab.checkpoint import newest_intact
-from fsdp_lab.config import ConfigError, register_schema
+from fsdp_lab.config import ConfigError, RunConfig, register_schema
 from fsdp_lab.dist import is_rank_process, resolve_device_type
+from fsdp_lab.objective import ObjectiveMissing, objective_value
 from fsdp_lab.rundir import register_resolvers
+from fsdp_lab.search_space import register_search_resolvers
 from fsdp_lab.sinks.files import METRICS_FILE, read_summary, write_summary
 from fsdp_lab.sweep import label_sweep_job
 from fsdp_lab.validate import prepare
@@ -23,6 +25,7 @@ from fsdp_lab.worker import base_summary
 
 register_schema()
 register_resolvers()
+register_search_resolvers()
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -48,8 +51,17 @@ def record_spawn_failure(run_dir: Path, summary: dict, status: str, error: str) 
     write_summary(run_dir, written)
 
 
-def execute(cfg: DictConfig, run_dir: Path) -> None:
-    """Run one composed config in `run_dir`; exits non-zero with a one-line message on failure."""
+def returned_objective(run: RunConfig, run_dir: Path) -> float | None:
+    """What the task function hands a Hydra sweeper: the finished run's sweep.objective."""
+    try:
+        return objective_value(run, run_dir)
+    except ObjectiveMissing as e:
+        fail(str(e), code=1)
+
+
+def execute(cfg: DictConfig, run_dir: Path) -> float | None:
+    """Run one composed config in `run_dir` and return its sweep.objective (rank 0 and the parent; None
+    without one); exits non-zero with a one-line message on failure."""
     try:
         run, dims = prepare(cfg)
     except ConfigError as e:
@@ -77,7 +89,7 @@ def execute(cfg: DictConfig, run_dir: Path) -> None:
         finally:
             if os.environ["RANK"] == "0":
                 print(f"run dir: {run_dir}", flush=True)
-        return
+        return returned_objective(run, run_dir) if os.environ["RANK"] == "0" else None
     from fsdp_lab.spawn import Interrupted, RankFailed, spawn_ranks
 
     if run.checkpoint.resume == "auto":
@@ -91,8 +103,9 @@ def execute(cfg: DictConfig, run_dir: Path) -> None:
         print(f"run dir: {run_dir}", flush=True)
         fail(str(e), code=code)
     print(f"run dir: {run_dir}", flush=True)
+    return returned_objective(run, run_dir)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    execute(cfg, Path(HydraConfig.get().runtime.output_dir))
+def main(cfg: DictConfig) -> float | None:
+    return execute(cfg, Path(HydraConfig.get().runtime.output_dir))

@@ -18,6 +18,7 @@ from fsdp_lab.freeze import frozen_names, mixed_units
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import SPECS, build_meta, count_params, model_spec
 from fsdp_lab.models.spec import ModelSpec
+from fsdp_lab.objective import check_objective
 from fsdp_lab.estimate.pipeline import ESTIMABLE_SCHEDULES
 from fsdp_lab.parallel.pipeline import MULTI_STAGE_SCHEDULES, stages_per_rank
 from fsdp_lab.parallel.wrap import wrap_units
@@ -27,6 +28,7 @@ from fsdp_lab.probes.registry import check_probes
 def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
     """The typed, checked run and its parallel dimensions."""
     run = to_run_config(cfg)
+    check_objective(run)
     if run.mode == "estimate":
         return _prepare_estimate(run)
     if run.mode == "plan":
