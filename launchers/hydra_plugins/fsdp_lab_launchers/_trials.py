@@ -4,7 +4,9 @@ when reading a failed JobReturn's value raises):
 
 - every trial keeps its job's run dir (user attribute `run_dir`), and a failed one the lab's one-line
   reason (`fail_reason`: a refusal before any rank started, or the rank's error): Optuna 2 stores none;
-- an SQLite study's folder is made, so `storage: sqlite:///outputs/studies/NAME.db` needs no mkdir."""
+- an SQLite study's folder is made, so `storage: sqlite:///outputs/studies/NAME.db` needs no mkdir;
+- the mesh is one parameter, `mesh.degrees=pp1-rep2-tp1`, spelled out as the lab's mesh keys for the job
+  (fsdp_lab/search_space.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
 from omegaconf import DictConfig
+
+from fsdp_lab.search_space import expand_mesh
 
 SQLITE = "sqlite:///"
 
@@ -68,4 +72,4 @@ class RecordingOptunaSweeper(OptunaSweeperImpl):
 
     def _configure_trials(self, trials, *args: Any):
         self.batch = list(trials)  # the batch the next launch runs, in the order of its jobs
-        return super()._configure_trials(trials, *args)
+        return [expand_mesh(list(overrides)) for overrides in super()._configure_trials(trials, *args)]
