@@ -60,7 +60,7 @@ def test_optuna_study_gets_each_jobs_objective_and_failed_jobs_become_failed_tri
 @pytest.mark.slow
 def test_layout_search_records_why_a_trial_failed_and_resumes_its_sqlite_study(tmp_path):
     db = tmp_path / "studies" / "layouts.db"  # a folder the sweeper makes
-    fixed = ["train.microbatches=choice(1,3)", "mesh.degrees=pp1-rep1-tp1", "ac=none", "wrap.group=1", "model.compile=false",
+    fixed = ["train.microbatches=choice(1,3)", "mesh.degrees=choice(pp1-rep1-tp1)", "ac=none", "wrap.group=1", "model.compile=false",
              "fsdp.reshard_after_forward=true", "hydra.sweeper.study_name=layouts", f"hydra.sweeper.storage=sqlite:///{db}"]
     # TPE with seed 0 starts at random: microbatches 3 (refused), then 1; with seed 2 it starts at 1.
     first = run_lab("-m", "hydra/sweeper=layout_search", "hydra.sweeper.n_trials=2", *fixed, *TINY,
