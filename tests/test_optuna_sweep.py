@@ -10,6 +10,8 @@ from pathlib import Path
 import optuna
 import pytest
 
+from fsdp_lab.objective import ObjectiveMissing, objective_value
+from fsdp_lab.sinks.files import write_summary
 from lab import run_lab
 
 TINY = ["debug=cpu_tiny", "model.n_layers=1", "probes.memory.enabled=false", "probes.parity.enabled=false"]
@@ -31,6 +33,15 @@ def sweep_rows(sweep_dir) -> dict[int, dict]:
 
 def run_summary(run_dir) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_the_objective_is_the_finished_runs_summary_figure(tmp_path, compose_run):
+    run = compose_run("debug=cpu_tiny", "sweep.objective=perf/tokens_per_s")
+    write_summary(tmp_path, {"status": "ok", "final_loss": 2.5, "perf": {"tokens_per_s": 123.0, "mfu": None}})
+    assert objective_value(run, tmp_path) == 123.0
+    assert objective_value(compose_run("debug=cpu_tiny"), tmp_path) is None, "no objective: the run returns nothing"
+    with pytest.raises(ObjectiveMissing, match=r"sweep.objective=perf/mfu: summary.json in .* has no number for it \(got None\)"):
+        objective_value(compose_run("debug=cpu_tiny", "sweep.objective=perf/mfu"), tmp_path)
 
 
 @pytest.mark.slow
