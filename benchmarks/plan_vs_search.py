@@ -7,6 +7,9 @@ ranking disagrees with the measurements on the layouts the study ran.
     python benchmarks/plan_vs_search.py --trials 30 --out pvs_1b -- +experiment=bench_llama1b
     python benchmarks/plan_vs_search.py --trials 3 --gpus 2 --out /tmp/pvs -- debug=cpu_tiny   # CPU, tiny
 
+Overrides go to both sides; choices (`ac=choice(none)`, `mesh.degrees=choice(pp1-rep1-tp2)`) narrow the
+study only.
+
 Both measure with the plan's validation settings (fsdp_lab.plan.validate_runs.RUN_OVERRIDES: 8 steps,
 the first 3 left out, no parity reference, no W&B) and the same tokens per step (the plan's
 samples_per_step as train.global_batch_size). Writes OUT/plan_vs_search.json and OUT/plan_vs_search.md."""
@@ -23,6 +26,7 @@ import time
 from pathlib import Path
 
 import optuna
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from fsdp_lab.plan.run import PLAN_FILE
@@ -34,14 +38,14 @@ NOISE = 0.03  # measured gaps below this are run-to-run noise: a ranking that sw
 LAYOUT_KEYS = ("pp", "dp_replicate", "dp_shard", "tp", "ac", "microbatches", "reshard")
 
 
-def lab(args: list[str], log: Path) -> float:
+def lab(args: list[str], log: Path, *, ok_codes: tuple[int, ...] = (0,)) -> float:
     """`python -m fsdp_lab ARGS` as a user runs it (the launcher plugins on the path); its wall seconds."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "launchers"), str(REPO), env.get("PYTHONPATH", "")])
     start = time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.run([sys.executable, "-m", "fsdp_lab", *args], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    if proc.returncode:
+    if proc.returncode not in ok_codes:
         sys.exit(f"error: python -m fsdp_lab {' '.join(args)} exited {proc.returncode}; see {log}")
     return time.perf_counter() - start
 
@@ -51,7 +55,14 @@ def gpu_seconds(sweep_summary: Path) -> float:
     return sum((row["wall_s"] or 0) * (row["world_size"] or 0) for row in rows)
 
 
+def fixed_only(overrides: list[str]) -> list[str]:
+    """The overrides a single run takes: the study's choices (`ac=choice(none,full)`, `mesh.degrees=...`) left out."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [o.input_line for o in parsed if not o.is_sweep_override()]
+
+
 def run_plan(out: Path, gpus: int, validate: int, device: str, overrides: list[str]) -> dict:
+    overrides = fixed_only(overrides)
     wall = lab(["mode=plan", f"plan.gpus={gpus}", f"plan.gpus_per_node={gpus}", f"plan.validate={validate}",
                 f"plan.top={max(15, validate)}", f"plan.device={device}", *overrides, f"hydra.run.dir={out / 'plan'}"], out / "plan.log")
     plan = json.loads((out / "plan" / PLAN_FILE).read_text())
@@ -64,7 +75,7 @@ def run_search(out: Path, trials: int, samples: int, overrides: list[str]) -> tu
     db = out / "study.db"
     wall = lab(["-m", "hydra/sweeper=layout_search", f"hydra.sweeper.n_trials={trials}", f"hydra.sweeper.study_name={STUDY}",
                 f"hydra.sweeper.storage=sqlite:///{db}", f"hydra.sweep.dir={out / 'search'}", f"train.global_batch_size={samples}",
-                *RUN_OVERRIDES, *overrides], out / "search.log")
+                *RUN_OVERRIDES, *overrides], out / "search.log", ok_codes=(0, 1))  # 1: no trial completed
     return optuna.load_study(study_name=STUDY, storage=f"sqlite:///{db}"), wall, gpu_seconds(out / "search" / "sweep_summary.json")
 
 

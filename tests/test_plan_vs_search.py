@@ -68,14 +68,14 @@ def test_compare_finds_where_the_plans_ranking_contradicts_the_measurements(tmp_
 
 @pytest.mark.slow
 def test_the_script_runs_the_plan_and_a_study_on_cpu_ranks(tmp_path):
-    fixed = ["debug=cpu_tiny", "model.n_layers=1", "model.compile=false", "wrap.group=1", "ac=none", "fsdp.reshard_after_forward=true",
-             "plan.estimate_top=0"]  # the plan's closed-form peaks only: no traces
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "plan_vs_search.py"), "--trials", "2", "--gpus", "2",
+    fixed = ["debug=cpu_tiny", "model.compile=false", "wrap.group=1", "ac=none", "fsdp.reshard_after_forward=true",
+             "mesh.degrees=choice(pp1-rep1-tp1,pp1-rep2-tp1)", "plan.estimate_top=0"]  # the plan's closed-form peaks only: no traces
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "plan_vs_search.py"), "--trials", "1", "--gpus", "2",
                            "--out", str(tmp_path), "--", *fixed], cwd=REPO, env=lab_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / "plan_vs_search.json").read_text())
     r = result["comparison"]
-    assert r["trials"] == 2 and r["plan_pick"]["measured_tokens_per_s"] > 0
-    assert result["plan"]["gpu_s"] > 0 and result["search"]["gpu_s"] >= 0
-    assert (r["measured_trials"] == 0) == (r["search_best"] is None)
+    assert r["trials"] == 1 and r["measured_trials"] == 1 and r["search_best"]["tokens_per_s"] > 0
+    assert r["plan_pick"]["measured_tokens_per_s"] > 0 and r["plan_vs_search"] > 0
+    assert result["plan"]["gpu_s"] > 0 and result["search"]["gpu_s"] > 0, "each side's jobs ran on 2 ranks"
     assert "The plan against the search: 2 GPUs" in (tmp_path / "plan_vs_search.md").read_text()
