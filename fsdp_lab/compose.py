@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from fsdp_lab.config import ConfigError, ModelConfig, RunConfig, check_fields
 from fsdp_lab.models import SPECS, model_spec
 from fsdp_lab.rundir import register_resolvers
+from fsdp_lab.search_space import register_search_resolvers
 
 if TYPE_CHECKING:
     from fsdp_lab.mesh import ParallelDims
@@ -25,12 +26,13 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 def register_schema() -> None:
     """Make `run_schema` available to conf/config.yaml's defaults list, each model family's config
-    as `/schema/model/NAME` to its conf/model/NAME.yaml, and the run dir's resolvers to Hydra."""
+    as `/schema/model/NAME` to its conf/model/NAME.yaml, and the run dir's and the layout search's resolvers to Hydra."""
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     for name, spec in SPECS.items():
         store.store(group="schema/model", name=name, node=_model_schema(spec.config))
     register_resolvers()
+    register_search_resolvers()
 
 
 def _model_schema(config: type) -> DictConfig:

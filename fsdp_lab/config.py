@@ -345,6 +345,14 @@ class FaultConfig:
 
 
 @dataclass
+class SweepConfig:
+    objective: Optional[str] = None
+    """The figure a run returns to a Hydra sweeper (hydra/sweeper=optuna), read from its summary.json:
+    final_loss, perf/tokens_per_s, perf/step_time_s, perf/mfu, memory/peak_mib, ... (fsdp_lab/objective.py);
+    null = the run returns nothing. The direction is the sweeper's (hydra.sweeper.direction)."""
+
+
+@dataclass
 class PlanConfig:
     """mode=plan: rank the ways to shard the model on plan.gpus GPUs by predicted tokens/s."""
 
@@ -421,6 +429,7 @@ class RunConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
     float8: Float8Config = field(default_factory=Float8Config)
     layout: str = choice("config", "config", "auto")

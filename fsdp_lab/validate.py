@@ -25,6 +25,7 @@ from fsdp_lab.fault import check_fault
 from fsdp_lab.freeze import check_freeze
 from fsdp_lab.mesh import ParallelDims, requested_world_size
 from fsdp_lab.models import build_meta, count_params, model_spec
+from fsdp_lab.objective import check_objective
 from fsdp_lab.parallel.ac import check_ac
 from fsdp_lab.parallel.engine_checks import check_fsdp
 from fsdp_lab.parallel.float8 import check_float8
@@ -48,6 +49,7 @@ class Mode:
 def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
     """The typed, checked run and its parallel dimensions."""
     run = to_run_config(cfg)
+    check_objective(run)
     return run, MODES[run.mode].check(run)
 
 

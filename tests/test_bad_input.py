@@ -100,6 +100,11 @@ CATALOGUE = [
      "error: mesh.tp=2: model.model_type=gpt2 declares no tensor-parallel plan (base_model_tp_plan); allowed: mesh.tp=1"),
     ("model=hf model.model_type=gemma mesh=tp2d mesh.world_size=2",
      "error: model.config.tie_word_embeddings=true with mesh.tp=2: the embedding and the output would each distribute the shared weight"),
+    ("sweep.objective=loss", "error: sweep.objective=loss: one of final_loss, perf/tokens_per_s, perf/step_time_s"),
+    ("sweep.objective=perf/tokens_per_s probes.perf.enabled=false",
+     "error: sweep.objective=perf/tokens_per_s: needs probes.perf.enabled=true"),
+    ("sweep.objective=memory/peak_mib mode=estimate mesh.dp_shard=2",
+     "error: sweep.objective=memory/peak_mib: only a training run returns a figure, not mode=estimate"),
 ]
 
 
