@@ -73,14 +73,20 @@ def lab(overrides: list[str], warmup: int, profile_dir: Path | None = None) -> d
     with `profile_dir`, its profile/ of the last 2 warm-up steps (as the peers') copied there."""
     if profile_dir:
         overrides = [*overrides, "probes.profile.enabled=true", f"probes.profile.first_step={warmup - 1}", "probes.profile.steps=2"]
-    result = run_lab("+experiment=bench_llama1b", "probes.memory.enabled=true", *overrides, timeout=1800)
-    if result.returncode != 0:
-        sys.exit(f"lab run failed ({' '.join(overrides)}):\n{result.stderr[-3000:]}")
+    result = lab_run(overrides)
     if profile_dir:
         shutil.copytree(result.run_dir / "profile", profile_dir, dirs_exist_ok=True)
     s = result.summary
     return {"tokens_per_s": s["perf"]["tokens_per_s"], "mfu": s["perf"]["mfu"], "peak_mib": s["memory"]["peak_mib"],
             "host_step_s": s["perf"]["host_step_s"]}
+
+
+def lab_run(overrides: list[str]):
+    """`python -m fsdp_lab +experiment=bench_llama1b OVERRIDES` with the memory probe on, finished (or exit)."""
+    result = run_lab("+experiment=bench_llama1b", "probes.memory.enabled=true", *overrides, timeout=1800)
+    if result.returncode != 0:
+        sys.exit(f"lab run failed ({' '.join(overrides)}):\n{result.stderr[-3000:]}")
+    return result
 
 
 def peer(name: str, gpus: int, args: list[str], peer_path: str | None) -> dict:
