@@ -14,14 +14,17 @@ from fsdp_lab.checkpoint import CheckpointError, check_compatible, verify
 from fsdp_lab.checks import parse as parse_check
 from fsdp_lab.config import ConfigError, FSDPConfig, MeshConfig, RunConfig, TrainConfig, to_run_config
 from fsdp_lab.dist import default_world_size, is_rank_process, resolve_device_type
+from fsdp_lab.fault_checks import check_fault_fires
 from fsdp_lab.freeze import frozen_names, mixed_units
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import SPECS, build_meta, count_params, model_spec
 from fsdp_lab.models.spec import ModelSpec
+from fsdp_lab.names import check_names, check_plan_names
 from fsdp_lab.estimate.pipeline import ESTIMABLE_SCHEDULES
 from fsdp_lab.parallel.pipeline import MULTI_STAGE_SCHEDULES, stages_per_rank
 from fsdp_lab.parallel.wrap import wrap_units
 from fsdp_lab.probes.registry import check_probes
+from fsdp_lab.user_code import built_on_meta
 
 
 def prepare(cfg: DictConfig) -> tuple[RunConfig, ParallelDims]:
@@ -61,6 +64,7 @@ def _prepare_plan(run: RunConfig) -> tuple[RunConfig, ParallelDims]:
     from fsdp_lab.plan.run import check_plan
 
     check_plan(run)
+    check_plan_names(run)
     return run, ParallelDims.resolve(pp=1, dp_replicate=1, dp_shard=run.plan.gpus, tp=1, world_size=run.plan.gpus)
 
 
@@ -124,7 +128,7 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     if t.batch_size % t.microbatches:
         raise ConfigError(f"train.microbatches={t.microbatches}: must divide train.batch_size={t.batch_size}")
     family = model_spec(run.model.name)
-    model = build_meta(run.model)  # parameters on meta: shapes and structure, no memory
+    model = built_on_meta(run.model)  # parameters on meta: shapes and structure, no memory
     _check_fsdp(run, dims, device_type, family)
     _check_accum(run, dims)
     _check_tp(run, dims, family)
@@ -147,6 +151,8 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
         raise ConfigError(f"fault.module={f.module} with fault.kind={f.kind}: fault.kind=corrupt_grad needs fault.module=PATH, and only it takes one")
     if f.kind == "corrupt_grad":
         _check_corrupt_grad(run)
+    check_fault_fires(run)
+    check_names(run, dims, model)
 
 
 def _check_corrupt_grad(run: RunConfig) -> None:
