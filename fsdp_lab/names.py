@@ -7,16 +7,14 @@ saying what exists instead; otherwise the run would go on as if the key had not 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 
 from torch import nn
 
 from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.mesh import ParallelDims
-from fsdp_lab.models import SPECS, model_spec
+from fsdp_lab.models import model_spec
 from fsdp_lab.parallel.pipeline import rank_stage_ids, stage_module, stages_per_rank
-from fsdp_lab.user_code import built_on_meta
 
 
 def check_names(run: RunConfig, dims: ParallelDims, model: nn.Module) -> None:
@@ -78,11 +76,3 @@ def _check_module_on_rank(run: RunConfig, dims: ParallelDims, model: nn.Module) 
             f"holds {_listed(held, 6)}; allowed: a module of that stage, or another fault.kill_rank"
         )
 
-
-def check_plan_names(run: RunConfig) -> None:
-    """mode=plan scales a model by `model.n_layers` (fsdp_lab/plan/predict.py): a family without that
-    field is refused until the planner counts the built model's blocks (the plan issue)."""
-    if not hasattr(run.model, "n_layers"):
-        with_layers = sorted(name for name, spec in SPECS.items() if "n_layers" in {f.name for f in dataclasses.fields(spec.config)})
-        raise ConfigError(f"model.name={run.model.name} with mode=plan: the planner reads model.n_layers, which this family has not; allowed: model={'|'.join(with_layers)}")
-    built_on_meta(run.model)

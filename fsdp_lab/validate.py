@@ -19,7 +19,8 @@ from fsdp_lab.freeze import frozen_names, mixed_units
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import SPECS, build_meta, count_params, model_spec
 from fsdp_lab.models.spec import ModelSpec
-from fsdp_lab.names import check_names, check_plan_names
+from fsdp_lab.mode_limits import check_estimate_limits, check_plan_limits
+from fsdp_lab.names import check_names
 from fsdp_lab.estimate.pipeline import ESTIMABLE_SCHEDULES
 from fsdp_lab.parallel.pipeline import MULTI_STAGE_SCHEDULES, stages_per_rank
 from fsdp_lab.parallel.wrap import wrap_units
@@ -56,6 +57,7 @@ def _prepare_estimate(run: RunConfig) -> tuple[RunConfig, ParallelDims]:
     check_estimable(run)  # first: what cannot be estimated at all says so before finer checks
     derive_batch_size(run.train, dims)
     check_run(run, dims, "cuda")
+    check_estimate_limits(run)
     return run, dims
 
 
@@ -64,7 +66,7 @@ def _prepare_plan(run: RunConfig) -> tuple[RunConfig, ParallelDims]:
     from fsdp_lab.plan.run import check_plan
 
     check_plan(run)
-    check_plan_names(run)
+    check_plan_limits(run)
     return run, ParallelDims.resolve(pp=1, dp_replicate=1, dp_shard=run.plan.gpus, tp=1, world_size=run.plan.gpus)
 
 
