@@ -13,6 +13,11 @@ from fsdp_lab.user_code import built_on_meta
 
 
 def check_estimate_limits(run: RunConfig) -> None:
+    m = run.mesh
+    if m.pp > 1 and m.tp > 1:
+        # Each pp rank is traced in a fake world of its own; the second one's tensor-parallel
+        # collectives look up groups the first world registered ("Could not resolve the process group").
+        raise ConfigError(f"mesh.tp={m.tp} with mesh.pp={m.pp} and mode=estimate: the estimate cannot trace tensor parallelism inside pipeline stages yet; allowed: mesh.tp=1 or mesh.pp=1")
     model = built_on_meta(run.model)
     for unit in wrap_units(model, run.wrap):
         methods = getattr(unit, "fsdp_forward_methods", ())

@@ -131,7 +131,7 @@ def overrides(draw, *, modes=MODES, max_keys: int = 6, families=tuple(FAMILIES))
         for key in draw(st.lists(st.sampled_from(sorted(HF[model_type])), max_size=2, unique=True)):
             chosen[key] = draw(st.sampled_from(HF[model_type][key]))
         out += [f"model.config.{k}={v}" for k, v in chosen.items()]
-    for group in draw(st.lists(st.sampled_from(sorted(GROUPS)), max_size=3, unique=True)):
+    for group in draw(st.lists(st.sampled_from(sorted(GROUPS)), max_size=2, unique=True)):
         out.append(f"{group}={draw(st.sampled_from(GROUPS[group]))}")
     mode = draw(st.sampled_from(list(modes)))
     if mode != "train":
