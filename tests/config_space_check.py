@@ -7,7 +7,9 @@ copy of it the way Hydra applies them after composing (ConfigLoaderImpl._apply_o
 from __future__ import annotations
 
 import copy
+import tempfile
 from functools import lru_cache
+from pathlib import Path
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -16,7 +18,9 @@ from omegaconf import DictConfig
 from compose import compose_cfg
 from config_space import GROUPS, command_line
 from fsdp_lab.config import ConfigError, RunConfig
+from fsdp_lab.estimate import ESTIMATE_FILE, run_estimate
 from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.plan.run import PLAN_FILE, run_plan
 from fsdp_lab.validate import prepare
 
 GROUP_KEYS = {*GROUPS, "model", "logger", "debug"}
@@ -47,3 +51,23 @@ def accepted_or_refused(args: list[str]) -> tuple[RunConfig, ParallelDims] | Non
         return None
     except Exception as e:
         raise AssertionError(f"{command_line(args)}\n  the check raised {type(e).__name__}: {e}") from e
+
+
+def estimate_runs(args: list[str], run: RunConfig, dims: ParallelDims) -> None:
+    """An accepted mode=estimate traces on the fake process group and writes its estimate."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            run_estimate(run, dims, Path(tmp))
+        except Exception as e:
+            raise AssertionError(f"{command_line(args)}\n  accepted, then mode=estimate raised {type(e).__name__}: {e}") from e
+        assert (Path(tmp) / ESTIMATE_FILE).exists(), f"{command_line(args)}\n  accepted, but the estimate wrote nothing"
+
+
+def plan_runs(args: list[str], run: RunConfig) -> None:
+    """An accepted mode=plan ranks its candidates and writes plan.json."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            run_plan(run, Path(tmp), [a for a in args if a != "mode=plan"])
+        except Exception as e:
+            raise AssertionError(f"{command_line(args)}\n  accepted, then mode=plan raised {type(e).__name__}: {e}") from e
+        assert (Path(tmp) / PLAN_FILE).exists(), f"{command_line(args)}\n  accepted, but the plan wrote nothing"
