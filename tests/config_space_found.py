@@ -30,5 +30,5 @@ FOUND = [
 def with_found(test):
     """`test` with every found example as an explicit @example(args=...)."""
     for args in reversed(FOUND):
-        test = example(not_a_rank=None, args=args)(test)
+        test = example(args=args)(test)
     return test
