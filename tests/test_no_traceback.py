@@ -32,12 +32,6 @@ def runs_or_is_refused_in_one_line(args: list[str]) -> None:
     pytest.param(["logger=none", "model=vit", "mode=estimate", "mesh.world_size=2"], id="estimate-vit"),
     pytest.param([*TINY, "mesh=nd", "mode=estimate", "mesh.world_size=8"], id="estimate-pp-tp"),
     pytest.param(["logger=none", "model=mlp", "mode=plan", *ONE_GPU_PLAN], id="plan-mlp"),
-    # Not fixed: the estimate of a transformers model with a vocabulary of 64 fails inside
-    # transformers' sdpa (a size mismatch at dimension 1); 256 works. Left to the estimate's owners.
-    pytest.param(["logger=none", "model=hf", "model.model_type=llama", "model.config.num_hidden_layers=2", "model.config.intermediate_size=32",
-                  "model.config.vocab_size=64", "model.config.hidden_size=16", "model.config.num_attention_heads=2",
-                  "mode=estimate", "mesh.world_size=2"], id="estimate-hf-vocab-64",
-                 marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason="mode=estimate of model=hf with vocab_size=64 raises in sdpa")),
 ])
 def test_a_mode_runs_or_refuses_in_one_line_where_train_accepts_the_config(not_a_rank, args):
     runs_or_is_refused_in_one_line(args)
