@@ -36,4 +36,8 @@ def check_plan_limits(run: RunConfig) -> None:
     if not hasattr(run.model, "n_layers"):
         with_layers = sorted(name for name, spec in SPECS.items() if "n_layers" in {f.name for f in dataclasses.fields(spec.config)})
         raise ConfigError(f"model.name={run.model.name} with mode=plan: the planner reads model.n_layers, which this family has not; allowed: model={'|'.join(with_layers)}")
+    layer_order = getattr(run.model, "layer_order", None)
+    if layer_order is not None:
+        # The planner traces the model at other depths (2 blocks, 1 block), where the order's indices do not exist.
+        raise ConfigError(f"model.layer_order={layer_order} with mode=plan: the planner traces the model at other depths, which the order does not fit; allowed: model.layer_order=null")
     built_on_meta(run.model)
