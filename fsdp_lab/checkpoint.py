@@ -194,6 +194,11 @@ class _PendingSave:
     future: Future | None  # async_save's; None once a blocking save has returned
 
 
+def saves_after(step: int, interval: int, steps: int) -> bool:
+    """Whether a run of `steps` steps saves a checkpoint after (1-based) step `step`."""
+    return step % interval == 0 or step == steps
+
+
 class Checkpointer:
     """Saves and restores a Trainer's state; every rank calls every method (they are collective)."""
 
@@ -228,7 +233,7 @@ class Checkpointer:
 
     def due(self, step: int) -> bool:
         """Whether a checkpoint is saved after (1-based) step `step`."""
-        return step % self.cfg.interval == 0 or step == self.run.train.steps
+        return saves_after(step, self.cfg.interval, self.run.train.steps)
 
     def after_step(self, step: int) -> None:
         if self.due(step):

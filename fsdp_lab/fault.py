@@ -12,6 +12,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from fsdp_lab.config import ConfigError, FaultConfig, RunConfig
+from fsdp_lab.fault_checks import check_fault_fires
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import build_meta
 from fsdp_lab.modules import unwrap
@@ -76,3 +77,4 @@ def check_fault(run: RunConfig, dims: ParallelDims) -> None:
         raise ConfigError(f"fault.module={f.module} with fault.kind={f.kind}: fault.kind=corrupt_grad needs fault.module=PATH, and only it takes one")
     if f.kind == "corrupt_grad":
         _check_corrupt_grad(run)
+    check_fault_fires(run)

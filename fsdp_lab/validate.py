@@ -24,7 +24,9 @@ from fsdp_lab.estimate.refusals import check_estimable
 from fsdp_lab.fault import check_fault
 from fsdp_lab.freeze import check_freeze
 from fsdp_lab.mesh import ParallelDims, requested_world_size
-from fsdp_lab.models import build_meta, count_params, model_spec
+from fsdp_lab.models import count_params, model_spec
+from fsdp_lab.mode_limits import check_estimate_limits, check_plan_limits
+from fsdp_lab.names import check_names
 from fsdp_lab.objective import check_objective
 from fsdp_lab.parallel.ac import check_ac
 from fsdp_lab.parallel.engine_checks import check_fsdp
@@ -34,6 +36,7 @@ from fsdp_lab.parallel.tp import check_tp
 from fsdp_lab.probes.parity_probe import check_reference_fits
 from fsdp_lab.probes.registry import check_probes
 from fsdp_lab.standalone import check_module_calls
+from fsdp_lab.user_code import built_on_meta
 
 Execute = Callable[[RunConfig, ParallelDims, Path, list[str]], None]
 
@@ -71,6 +74,7 @@ def _check_estimate(run: RunConfig) -> ParallelDims:
     check_estimable(run)  # first: what cannot be estimated at all says so before finer checks
     derive_batch_size(run.train, dims)
     check_run(run, dims, "cuda")
+    check_estimate_limits(run)
     return dims
 
 
@@ -79,6 +83,7 @@ def _check_plan(run: RunConfig) -> ParallelDims:
     from fsdp_lab.plan.run import check_plan
 
     check_plan(run)
+    check_plan_limits(run)
     return ParallelDims.resolve(run.plan.gpus)
 
 
@@ -133,7 +138,7 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
     if t.batch_size % t.microbatches:
         raise ConfigError(f"train.microbatches={t.microbatches}: must divide train.batch_size={t.batch_size}")
     family = model_spec(run.model.name)
-    model = build_meta(run.model)  # parameters on meta: shapes and structure, no memory
+    model = built_on_meta(run.model)  # parameters on meta: shapes and structure, no memory
     check_fsdp(run, dims, device_type, family)
     check_accum(run, dims)
     check_tp(run, dims, family)
@@ -149,3 +154,4 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
         parse_check(spec)
     check_probes(run, dims)
     check_fault(run, dims)
+    check_names(run, dims, model)

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.bad_input
 
 # (overrides, the line the user sees). Hydra's own composition errors (unknown group option, type)
 # come from Hydra and are printed by it; ours start with "error: ".
+LLAMA = "model=hf model.model_type=llama model.config.num_hidden_layers=2 model.config.intermediate_size=32 model.config.vocab_size=256"
 GPT = "model=custom model.build._target_=own_models.TinyGPT +model.build.vocab=64 +model.build.dim=8 +model.build.n_layer=1"
 
 CATALOGUE = [
@@ -105,6 +106,25 @@ CATALOGUE = [
      "error: sweep.objective=perf/tokens_per_s: needs probes.perf.enabled=true"),
     ("sweep.objective=memory/peak_mib mode=estimate mesh.dp_shard=2",
      "error: sweep.objective=memory/peak_mib: only a training run returns a figure, not mode=estimate"),
+    # Found by the generative test of the configuration space (tests/test_config_space.py): user code's
+    # exceptions, names that resolve to nothing, faults that cannot fire, modes that crashed where train runs.
+    (f"{LLAMA} model.config.hidden_size=30 model.config.num_attention_heads=4", "error: model.model_type=llama: ValueError: The hidden size (30) is not a multiple of the number of attention heads (4)."),
+    (f"{LLAMA} model.config.hidden_size=16 model.config.num_attention_heads=2 model.config.hidden_sise=16", "error: model.config.hidden_sise=16: LlamaConfig has no field hidden_sise, so transformers would ignore it; allowed: its fields, e.g. hidden_size, hidden_act"),
+    ("model=custom model.build._target_=torch.nn.Linear +model.build.in_features=4 +model.build.out_features=4 +model.build.nope=1", "error: model.build._target_=torch.nn.Linear: cannot be built (TypeError: Linear.__init__() got an unexpected keyword argument 'nope')"),
+    ("wrap.policy=classes wrap.classes=[NoSuchBlock]", "error: wrap.classes=[NoSuchBlock]: NoSuchBlock: no module of model.name=transformer is of that class; allowed: class names of its modules: Attention, Embedding, FeedForward, Linear, ModuleList, RMSNorm, TransformerBlock"),
+    ("wrap.policy=classes", "error: wrap.classes=[]: names no class; allowed: class names of its modules: Attention, Embedding, FeedForward, Linear, ModuleList, RMSNorm, TransformerBlock"),
+    ("wrap.classes=[TransformerBlock]", "error: wrap.classes=[TransformerBlock] with wrap.policy=block: only wrap.policy=classes reads it; allowed: wrap.policy=classes, or wrap.classes=[]"),
+    ("fault.kind=corrupt_grad fault.module=layers.1", "error: fault.kind=corrupt_grad: no fault.kill_rank and fault.at_step, so it never fires; allowed: set both (which rank, after how many steps), or leave fault.* unset"),
+    ("fault.kind=raise", "error: fault.kind=raise: no fault.kill_rank and fault.at_step, so it never fires; allowed: set both (which rank, after how many steps), or leave fault.* unset"),
+    ("fault.kill_rank=0 fault.at_step=20", "error: fault.at_step=20: the run ends after train.steps=20, so the fault never fires; allowed: 0..19 (the steps done before it strikes)"),
+    ("fault.kill_rank=0 fault.at_step=2 fault.phase=save", "error: fault.phase=save with checkpoint.kind=none: nothing is saved, so the fault never fires; allowed: checkpoint=dcp"),
+    ("fault.kill_rank=0 fault.at_step=3 fault.phase=save checkpoint=dcp checkpoint.interval=2", "error: fault.at_step=3 with fault.phase=save: no checkpoint is saved after step 3 (checkpoint.interval=2, train.steps=20); allowed: a multiple of 2 up to 20, or 20"),
+    ("mode=estimate mesh.world_size=2 fault.kill_rank=0 fault.at_step=1", "error: fault.kill_rank=0 with mode=estimate: nothing trains, so the fault never fires; allowed: mode=train"),
+    ("mesh=nd fault.kind=corrupt_grad fault.module=layers.0 fault.kill_rank=7 fault.at_step=1 mesh.world_size=8", "error: fault.module=layers.0: not on fault.kill_rank=7, whose pipeline stage (mesh.pp rank 1) holds layers, layers.1, layers.1.attention_norm, layers.1.attention, layers.1.attention.wq, layers.1.attention.wk, ... (15 in all); allowed: a module of that stage, or another fault.kill_rank"),
+    ("model=vit mode=estimate mesh.world_size=2", "error: wrap.policy=block with mode=estimate: it makes PatchEncoder a unit, called through forward_features, which torch's FSDPMemTracker cannot follow; allowed: wrap.policy=root|linear|size"),
+    ("mesh=nd mode=estimate mesh.world_size=8", "error: mesh.tp=2 with mesh.pp=2 and mode=estimate: the estimate cannot trace tensor parallelism inside pipeline stages yet; allowed: mesh.tp=1 or mesh.pp=1"),
+    ("model=mlp mode=plan", "error: model.name=mlp with mode=plan: the planner reads model.n_layers, which this family has not; allowed: model=convnet|mlp_stack|multi_traversal|transformer"),
+    ("model=hf model.model_type=llama mode=plan", "error: model.name=hf with mode=plan: the planner reads model.n_layers, which this family has not; allowed: model=convnet|mlp_stack|multi_traversal|transformer"),
 ]
 
 
@@ -112,7 +132,9 @@ CATALOGUE = [
 # mesh, the checks of validate.py, the device, a model family's build: each through the CLI's entry point
 # in this process, and two of them also through a real process (exit code, output, run dir as a user sees them).
 THROUGH_THE_CLI = {"optim.lr=-0.1", "+model.dimm=3", "mesh.engine=fsdp3", "model.dim=abc", "model=no_such", "train.microbatches=3",
-                   "mesh.dp_shard=3 mesh.world_size=2", "device=cuda", "model=hf model.model_type=no_such"}
+                   "mesh.dp_shard=3 mesh.world_size=2", "device=cuda", "model=hf model.model_type=no_such",
+                   f"{LLAMA} model.config.hidden_size=30 model.config.num_attention_heads=4", "wrap.policy=classes wrap.classes=[NoSuchBlock]",
+                   "fault.kind=corrupt_grad fault.module=layers.1"}
 IN_A_PROCESS = ("train.microbatches=3", "model=no_such")
 
 

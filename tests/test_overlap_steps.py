@@ -60,7 +60,8 @@ def test_overlapping_steps_give_the_rows_of_steps_apart_each_read_after_the_next
 @pytest.mark.parametrize("overrides", [
     ("probes.parity.enabled=true",),  # its reference replays the step on the model as the step left it
     ("train.standalone_layer=0", "model=mlp_stack"),  # a second optimizer step after each
-    ("fault.kill_rank=0", "fault.at_step=100"),  # a fault injected at a step's start
+    # a fault injected (one that corrupts the last step's gradients: the run goes on, as the test needs)
+    ("fault.kind=corrupt_grad", "fault.module=output", "fault.kill_rank=0", f"fault.at_step={STEPS - 1}"),
 ])
 def test_steps_stay_apart_where_something_after_a_step_must_see_it_finished(trainer_of, overrides):
     trainer, rows, issued = trainer_of("train.overlap_steps=true", *overrides)

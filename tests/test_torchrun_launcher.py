@@ -46,11 +46,11 @@ def test_packed_sweep_runs_jobs_side_by_side_and_writes_the_sweep_summary(tmp_pa
 
 @pytest.mark.slow
 def test_failing_job_does_not_stop_the_others_and_the_sweep_exits_naming_it(tmp_path):
-    # Job 0 raises on rank 1 at step 1; job 1's fault step lies past its last step, so it runs clean.
+    # Job 0 raises on rank 1 at step 1; job 1 has no fault (one past its last step would be refused), so it runs clean.
     # Packing off: the jobs run one after the other, and the second still runs after the first failed.
     # No restarts: an injected fault fires on the first attempt only, so a restart would recover the job
     # (tests/test_checkpoint.py covers recovery through torch elastic restarts).
-    result = sweep(tmp_path, "fault.at_step=1,5", "fault.kill_rank=1", "fault.kind=raise",
+    result = sweep(tmp_path, "fault={kill_rank:1,at_step:1,kind:raise},{}",
                    "hydra.launcher.pack=false", "hydra.launcher.max_restarts=0")
     assert result.returncode == 1
     failed, ok = rows(tmp_path)
@@ -59,7 +59,7 @@ def test_failing_job_does_not_stop_the_others_and_the_sweep_exits_naming_it(tmp_
     assert "launch.max_restarts=0" in failed["overrides"], "hydra.launcher.max_restarts reaches every job"
     attempts = {p.name for p in (tmp_path / "0" / "logs").glob("*/attempt_*")}
     assert attempts == {"attempt_0"}
-    assert re.search(r"^error: 1 of 2 sweep jobs failed: job 0 \[fault\.at_step=1 .*\]: rank 1 failed", result.stderr, flags=re.M)
+    assert re.search(r"^error: 1 of 2 sweep jobs failed: job 0 \[fault=\{kill_rank:1,at_step:1,kind:raise\}.*\]: rank 1 failed", result.stderr, flags=re.M)
     events = re.findall(r"^\[sweep\] job (\d) (started|ok|FAILED)", result.stdout, flags=re.M)
     assert events == [("0", "started"), ("0", "FAILED"), ("1", "started"), ("1", "ok")]
 

@@ -15,6 +15,7 @@ from torch import nn
 from fsdp_lab.config import ConfigError, ModelConfig, bounded, choice
 from fsdp_lab.models.foreign import FeatureInputs, ForeignModel, TokenInputs, resolve_blocks
 from fsdp_lab.models.spec import ModelSpec
+from fsdp_lab.user_code import describe
 
 
 @dataclass
@@ -44,8 +45,9 @@ def build(cfg: CustomConfig) -> ForeignModel:
     try:
         module = instantiate(cfg.build, _convert_="all")
     except InstantiationException as e:
-        # Hydra's message ends with advice about HYDRA_FULL_ERROR; the cause is before it.
-        raise ConfigError(f"model.build._target_={target}: cannot be built ({_first_line(e).split(', set env var')[0]})") from None
+        # Hydra's message ends with advice about HYDRA_FULL_ERROR; a failed call's reason is its cause.
+        reason = describe(e) if str(e).startswith("Error in call") else _first_line(e).split(", set env var")[0]
+        raise ConfigError(f"model.build._target_={target}: cannot be built ({reason})") from None
     if not isinstance(module, nn.Module):
         raise ConfigError(f"model.build._target_={target}: returned a {type(module).__name__}, not an nn.Module")
     try:

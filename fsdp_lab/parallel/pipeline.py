@@ -37,6 +37,18 @@ def stages_per_rank(mesh: MeshConfig) -> int:
     return 2 if mesh.pp_schedule in MULTI_STAGE_SCHEDULES else 1
 
 
+def rank_stage_ids(mesh: MeshConfig, pp: int, pp_rank: int) -> list[int]:
+    """The stages pp rank `pp_rank` holds: r, r + pp, r + 2pp, ... ("loop" placement)."""
+    return [pp_rank + k * pp for k in range(stages_per_rank(mesh))]
+
+
+def stage_module(model: nn.Module, stage_cls: type, stage_ids: list[int], n_stages: int, whole: nn.Module, seq_len: int) -> nn.Module:
+    """The layers of `stage_ids` (of `n_stages` equal stages) as one `stage_cls` module, under the full model's names."""
+    per_stage = len(model.blocks) // n_stages
+    layer_ids = [i for s in stage_ids for i in range(s * per_stage, (s + 1) * per_stage)]
+    return stage_cls(model, layer_ids, whole, first=0 in stage_ids, last=n_stages - 1 in stage_ids, seq_len=seq_len)
+
+
 class PipelinedModel(nn.Module):
     """This pp rank's share of the model and the schedule that runs it.
 
@@ -86,10 +98,9 @@ def build_pipeline(
     whole = copy.deepcopy(model)  # weightless: what the stages ask of the whole model
 
     def make(stage_ids: list[int]) -> nn.Module:
-        layer_ids = [i for s in stage_ids for i in range(s * per_stage, (s + 1) * per_stage)]
-        return stage_cls(model, layer_ids, whole, first=0 in stage_ids, last=n_stages - 1 in stage_ids, seq_len=seq_len)
+        return stage_module(model, stage_cls, stage_ids, n_stages, whole, seq_len)
 
-    stage_ids = [pp_rank + k * pp for k in range(per_rank)]
+    stage_ids = rank_stage_ids(mesh_cfg, pp, pp_rank)
     local = make(stage_ids)  # all of this rank's layers in one module; the stages below share them
     group = pp_mesh.get_group()
     stages = [
