@@ -95,6 +95,20 @@ def tp_plan(cfg: HFConfig, sequence_parallel: bool) -> TPPlan:
     return {}, block
 
 
+# Config keys of randomness in a causal LM's forward (dropout, MoE router jitter, layer drop); a
+# classifier's or a summary head's dropout never runs in it.
+RANDOM_KEYS = ("dropout", "pdrop", "jitter", "layerdrop")
+UNUSED_PREFIXES = ("classifier", "summary")
+
+
+def forward_randomness(config) -> dict[str, float]:
+    """The config's nonzero keys that draw random numbers in the forward."""
+    return {
+        key: value for key, value in sorted(config.to_dict().items())
+        if isinstance(value, float) and value > 0 and any(k in key for k in RANDOM_KEYS) and not key.startswith(UNUSED_PREFIXES)
+    }
+
+
 def check(cfg: HFConfig, run, dims, model: ForeignModel) -> None:
     if not dims.tp_enabled:
         return
@@ -109,6 +123,13 @@ def check(cfg: HFConfig, run, dims, model: ForeignModel) -> None:
         n = getattr(config, key, None)
         if n and n % dims.tp:
             raise ConfigError(f"mesh.tp={dims.tp}: must divide model.config.{key}={n} (each rank computes whole heads)")
+    random = forward_randomness(config)
+    if random and run.probes.parity.enabled:
+        raise ConfigError(
+            f"mesh.tp={dims.tp}: {_model_key(cfg)} draws random numbers in its forward ({', '.join(f'{k}={v:g}' for k, v in random.items())}), "
+            "and a tensor-parallel shard draws other masks than its parity reference; set them to 0 "
+            f"({' '.join(f'model.config.{k}=0' for k in random)}) or probes.parity.enabled=false"
+        )
 
 
 SPEC = ModelSpec(
