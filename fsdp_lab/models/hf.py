@@ -5,14 +5,18 @@ blocks are the decoder layers; TP follows the model's own `base_model_tp_plan`."
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from fsdp_lab.config import ConfigError, HFConfig
+from fsdp_lab.models import hf_families
 from fsdp_lab.models.foreign import ForeignModel, TokenInputs
 from fsdp_lab.models.spec import ModelSpec, TPPlan
+
+log = logging.getLogger("fsdp_lab")
 
 # The styles of base_model_tp_plan the lab applies; others (e.g. replicated norms) are refused.
 TP_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
@@ -61,11 +65,12 @@ def decoder_layers(lm: nn.Module) -> str:
 
 
 def build(cfg: HFConfig) -> ForeignModel:
-    from transformers import AutoModelForCausalLM
-
     config = hf_config(cfg)
+    reason = hf_families.refusal(config.model_type, config)
+    if reason:
+        raise ConfigError(f"{_model_key(cfg)}: {reason}")
     try:
-        lm = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        lm = _causal_lm(config)
     except ValueError as e:
         raise ConfigError(f"{_model_key(cfg)}: not a causal LM transformers can build ({str(e).splitlines()[0][:200]})") from None
     heads = config.num_attention_heads
@@ -77,6 +82,21 @@ def build(cfg: HFConfig) -> ForeignModel:
         return 12.0 * n_layers * heads * head_dim * seq_len
 
     return ForeignModel(lm, decoder_layers(lm), TokenInputs(config.vocab_size), attention_flops, call_kwargs={"use_cache": False})
+
+
+def _causal_lm(config) -> nn.Module:
+    """The model with sdpa attention, or eager where its family has no sdpa path (softcapped or
+    otherwise modified attention scores): both run in plain torch under every mesh."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    except ValueError as e:
+        if "scaled_dot_product_attention" not in str(e):
+            raise
+    log.info("model.model_type=%s has no sdpa attention: eager attention", config.model_type)
+    config._attn_implementation = "eager"
+    return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
 
 
 def init_module(model: nn.Module, module: nn.Module) -> None:
