@@ -69,6 +69,9 @@ def planned(model_type: str) -> dict:
     except ConfigError as e:
         row["refused"] = str(e)
         return row
+    except Exception as e:  # noqa: BLE001 - a family the lab neither runs nor refuses: the row says why
+        row["error"] = one_line(e)
+        return row
     tp = bool(getattr(build_meta(run.model).inner.config, "base_model_tp_plan", None))
     row["meshes"] = [m for m in MESHES if m != "tp2d" or tp]
     return row
@@ -152,7 +155,7 @@ def table(rows: list[dict]) -> str:
         notes = [f"{m}: {res.get('error') or res.get('refused')}" for m, res in r["runs"].items() if "error" in res or "refused" in res]
         if "estimate_error" in r:
             notes.append(f"estimate: {r['estimate_error']}")
-        note = r["refused"] or "; ".join(notes)
+        note = r["refused"] or r.get("error") or "; ".join(notes)
         estimate = f"{r['estimate_mib']:.2f}" if "estimate_mib" in r else ("error" if "estimate_error" in r else "-")
         lines.append(f"| {r['family']} | " + " | ".join(cell(r["runs"].get(m)) for m in MESHES) + f" | {estimate} | {note.replace('|', '/')} |")
     return "\n".join(lines + ["", TABLE_END])

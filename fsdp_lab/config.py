@@ -179,6 +179,9 @@ class HFConfig(ModelConfig):
     """Instead of model_type: a local directory (or config.json) of a checkpoint; no weights are read."""
     config: dict[str, Any] = field(default_factory=dict)
     """Overrides of the transformers config (hidden_size, num_hidden_layers, ...)."""
+    pretrained: Optional[str] = None
+    """A local checkpoint directory (config.json + safetensors): its config (unless model_type or
+    config_path is set) and its weights, each rank reading only the slices it holds."""
 
 
 @dataclass

@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from fsdp_lab.config import ConfigError, HFConfig
-from fsdp_lab.models import hf_families
+from fsdp_lab.models import hf_families, pretrained
 from fsdp_lab.models.foreign import ForeignModel, TokenInputs
 from fsdp_lab.models.spec import ModelSpec, TPPlan
 
@@ -26,22 +26,31 @@ def hf_config(cfg: HFConfig):
     """The transformers config, with sdpa attention."""
     from transformers import AutoConfig
 
-    if (cfg.model_type is None) == (cfg.config_path is None):
+    config_path = cfg.config_path or (cfg.pretrained if cfg.model_type is None else None)
+    if (cfg.model_type is None) == (config_path is None):
         raise ConfigError(
             f"model.model_type={_show(cfg.model_type)}, model.config_path={_show(cfg.config_path)}: set exactly one "
-            "(a transformers model type such as llama, or a directory holding a config.json)"
+            "(a transformers model type such as llama, or a directory holding a config.json; or model.pretrained=DIR alone)"
         )
-    if cfg.config_path is not None and not Path(cfg.config_path).exists():
-        raise ConfigError(f"model.config_path={cfg.config_path}: no such file or directory")
+    for key, path in (("config_path", cfg.config_path), ("pretrained", cfg.pretrained)):
+        if path is not None and not Path(path).exists():
+            raise ConfigError(f"model.{key}={path}: no such file or directory")
     try:
-        if cfg.config_path is not None:
-            config = AutoConfig.from_pretrained(cfg.config_path, local_files_only=True, **cfg.config)
+        if config_path is not None:
+            config = AutoConfig.from_pretrained(config_path, local_files_only=True, **cfg.config)
         else:
             config = AutoConfig.for_model(cfg.model_type, **cfg.config)
-    except (ValueError, OSError, KeyError) as e:
-        raise ConfigError(f"{_model_key(cfg)}: transformers cannot build its config ({str(e).split('. ')[0]})") from None
+    except Exception as e:  # noqa: BLE001 - a config class's own validation raises what it likes
+        raise ConfigError(f"{_model_key(cfg)}: transformers cannot build its config ({_first_line(e)})") from None
     config._attn_implementation = "sdpa"
     return config
+
+
+def _first_line(e: BaseException) -> str:
+    """The exception's first sentence (transformers' config validators nest the cause on a later line)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = lines[-1] if lines and lines[0].startswith("Class validation error") else (lines[0] if lines else type(e).__name__)
+    return text.split(". ")[0]
 
 
 def _show(value: str | None) -> str:
@@ -49,7 +58,9 @@ def _show(value: str | None) -> str:
 
 
 def _model_key(cfg: HFConfig) -> str:
-    return f"model.config_path={cfg.config_path}" if cfg.config_path else f"model.model_type={cfg.model_type}"
+    if cfg.model_type:
+        return f"model.model_type={cfg.model_type}"
+    return f"model.config_path={cfg.config_path}" if cfg.config_path else f"model.pretrained={cfg.pretrained}"
 
 
 def decoder_layers(lm: nn.Module) -> str:
@@ -129,7 +140,14 @@ def forward_randomness(config) -> dict[str, float]:
     }
 
 
+def load(cfg: HFConfig, model: nn.Module) -> None:
+    if cfg.pretrained is not None:
+        model.pretrained_load = pretrained.load_local_shards(model, cfg.pretrained)
+
+
 def check(cfg: HFConfig, run, dims, model: ForeignModel) -> None:
+    if cfg.pretrained is not None:
+        pretrained.check_keys(model, cfg.pretrained)
     if not dims.tp_enabled:
         return
     config = model.inner.config
@@ -155,5 +173,5 @@ def check(cfg: HFConfig, run, dims, model: ForeignModel) -> None:
 SPEC = ModelSpec(
     name="hf", config=HFConfig, build=build, init_module=init_module, tp_plan=tp_plan, manual_ac=False,
     tied=lambda cfg: bool(getattr(hf_config(cfg), "tie_word_embeddings", False)), tied_key="model.config.tie_word_embeddings",
-    check=check,
+    check=check, load=load,
 )
