@@ -23,17 +23,22 @@ REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "hf_families.md"
 TABLE_START, TABLE_END = "<!-- table: benchmarks/hf_families.py -->", "<!-- end of table -->"
 RANKS = 4
-MESHES = {  # 4 ranks each
+MESHES = {  # over RANKS ranks (hsdp and tp2d: 2 x 2)
     "fsdp": ["mesh=fsdp"],
     "ddp": ["mesh=ddp"],
     "hsdp": ["mesh=hsdp"],
     "tp2d": ["mesh=tp2d"],
 }
 COMMON = ["train.steps=2", "train.seq_len=8", "train.batch_size=2", "probes.parity.param_every=1", "probes.perf.enabled=false",
-          "probes.memory.enabled=false", "logger=none", "device=cpu", f"mesh.cpu_world_size={RANKS}"]
+          "probes.memory.enabled=false", "logger=none", "device=cpu"]
 
 
-def _prepared():
+def common(ranks: int) -> list[str]:
+    return [*COMMON, f"mesh.cpu_world_size={ranks}"]
+
+
+def composer():
+    """`prepared(*overrides) -> (RunConfig, ParallelDims)`: composed and checked as the CLI does."""
     try:
         from fsdp_lab.compose import prepared  # where composing in process lives once issue 39 lands
     except ImportError:
@@ -59,13 +64,13 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:300] if text else ''}"
 
 
-def planned(model_type: str) -> dict:
+def planned(model_type: str, meshes: list[str], ranks: int) -> dict:
     """In this process, before any rank: the refusal, or the meshes to train."""
     from fsdp_lab.config import ConfigError
 
     row: dict = {"family": model_type, "refused": None, "runs": {}}
     try:
-        run, _ = _prepared()(*family_overrides(model_type), *COMMON, "mesh=fsdp")
+        run, _ = composer()(*family_overrides(model_type), *common(ranks), "mesh=fsdp")
     except ConfigError as e:
         row["refused"] = str(e)
         return row
@@ -73,18 +78,18 @@ def planned(model_type: str) -> dict:
         row["error"] = one_line(e)
         return row
     tp = bool(getattr(build_meta(run.model).inner.config, "base_model_tp_plan", None))
-    row["meshes"] = [m for m in MESHES if m != "tp2d" or tp]
+    row["meshes"] = [m for m in meshes if m != "tp2d" or tp]
     return row
 
 
-def with_estimate(row: dict) -> dict:
+def with_estimate(row: dict, ranks: int) -> dict:
     """mode=estimate of the family on fsdp over the ranks (in this process, after the ranks: a fake
     trace's state must not reach forked ranks)."""
     from fsdp_lab.estimate import estimate
 
     if row["refused"] is None:
         try:
-            run, dims = _prepared()(*family_overrides(row["family"]), *COMMON, "mode=estimate", "mesh=fsdp", f"mesh.dp_shard={RANKS}")
+            run, dims = composer()(*family_overrides(row["family"]), *common(ranks), "mode=estimate", "mesh=fsdp", f"mesh.dp_shard={ranks}")
             row["estimate_mib"] = round(estimate(run, dims)["peak_mib"], 3)
         except Exception as e:  # noqa: BLE001 - the row says what failed
             row["estimate_error"] = one_line(e)
@@ -92,11 +97,12 @@ def with_estimate(row: dict) -> dict:
 
 
 def _train(model_type: str, mesh: str, ctx) -> dict:
+    """One family on one mesh over every rank of `ctx`: the parity verdict, or the refusal."""
     from fsdp_lab.config import ConfigError
     from fsdp_lab.worker import build_trainer
 
     try:
-        run, dims = _prepared()(*family_overrides(model_type), *COMMON, *MESHES[mesh])
+        run, dims = composer()(*family_overrides(model_type), *common(ctx.world_size), *MESHES[mesh])
     except ConfigError as e:
         return {"refused": str(e)}
     trainer = build_trainer(run, dims, ctx, on_step=lambda row: None)
@@ -175,15 +181,15 @@ def write_doc(rows: list[dict], doc: Path) -> None:
     doc.write_text(head + table(rows) + tail)
 
 
-def run_matrix(families: list[str], out: Path) -> list[dict]:
+def run_matrix(families: list[str], out: Path, meshes: list[str] = list(MESHES), ranks: int = RANKS) -> list[dict]:
     """Plan in this process, train in the ranks of one launch; returns the rows."""
     from fsdp_lab.spawn import launch
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    rows = [planned(f) for f in families]
-    launch(rank_matrix, (rows, str(out)), n=RANKS, run_dir=out.parent, max_restarts=0, start_method="fork")
-    rows = [with_estimate(row) for row in json.loads(out.read_text())]
+    rows = [planned(f, meshes, ranks) for f in families]
+    launch(rank_matrix, (rows, str(out)), n=ranks, run_dir=out.parent, max_restarts=0, start_method="fork")
+    rows = [with_estimate(row, ranks) for row in json.loads(out.read_text())]
     out.write_text(json.dumps(rows, indent=1))
     return rows
 
