@@ -68,12 +68,12 @@ def rank_entry(overrides: list[str], out_path: str) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| rank | read MiB | RSS before | RSS peak | peak - before | shard + block MiB | load s | to first step s |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| rank | read MiB | largest slice MiB | RSS before | RSS peak | peak - before | file-backed RSS after | shard + block MiB "
+             "| load s | to first step s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['rank']} | {r['read_mib']:.1f} | {r['rss_before_mib']:.0f} | {r['rss_peak_mib']:.0f} | "
-                     f"{r['rss_peak_mib'] - r['rss_before_mib']:.1f} | {r['shard_mib'] + r['block_mib']:.1f} | {r['seconds']:.2f} | "
-                     f"{r['first_step_s']:.1f} |")
+        lines.append(f"| {r['rank']} | {r['read_mib']:.1f} | {r['largest_slice_mib']:.1f} | {r['rss_before_mib']:.0f} | "
+                     f"{r['rss_peak_mib']:.0f} | {r['rss_peak_mib'] - r['rss_before_mib']:.1f} | {r['rss_file_mib']:.0f} | "
+                     f"{r['shard_mib'] + r['block_mib']:.1f} | {r['seconds']:.2f} | {r['first_step_s']:.1f} |")
     return "\n".join(lines)
 
 
