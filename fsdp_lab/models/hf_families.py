@@ -39,6 +39,10 @@ OVERRIDES: dict[str, dict] = {
 REFUSED: dict[str, str] = {}
 
 
+# Config keys of state-space / recurrent layers (Mamba and its hybrids, RWKV, xLSTM).
+RECURRENT_PREFIXES = ("mamba_", "ssm_", "state_size", "rescale_every", "num_blocks_per_layer")
+
+
 def causal_lm_types() -> list[str]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -79,4 +83,8 @@ def refusal(model_type: str | None, config) -> str | None:
         return f"a composite (multimodal) model: its config nests {', '.join(nested)}; the lab trains text-only causal LMs{instead}"
     if getattr(config, "is_encoder_decoder", False):
         return "an encoder-decoder model; the lab trains decoder-only causal LMs"
+    recurrent = sorted(k for k in config.to_dict() if k.startswith(RECURRENT_PREFIXES))
+    if recurrent:
+        return (f"state-space (recurrent) layers ({', '.join(recurrent[:3])}, ...): their torch fallback is not validated under "
+                "sharding, and runs for minutes at the family's own state sizes")
     return None
