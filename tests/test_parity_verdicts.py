@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hydra.core.utils import JobReturn
 from in_process import run_lab_here
+from warm_lab import run_lab_warm
 from hydra_plugins.fsdp_lab_launchers.sweep_summary import finish_sweep, job_row
 
 # GPT-2 at its default dropout (embd_pdrop, resid_pdrop, attn_pdrop = 0.1): the issue's command, on one rank.
@@ -46,3 +48,15 @@ def test_a_failed_verdict_is_named_on_the_done_line_and_in_the_sweep_summary(tmp
     finish_sweep(tmp_path, [row], [JobReturn()])
     assert f"parity FAILED: job 0 [fault.kill_rank=0]: {parity['first_divergence']}" in capsys.readouterr().out
     assert json.loads((tmp_path / "sweep_summary.json").read_text())["jobs"][0]["parity_first_divergence"] == parity["first_divergence"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["mesh=ddp", "mesh=fsdp model.config.tie_word_embeddings=false", "mesh=hsdp"])
+def test_the_issues_gpt2_command_holds_parity_with_dropout_on(tmp_path, mesh):
+    # The command of issue 37 (dropout at GPT-2's default 0.1), tied and untied.
+    result = run_lab_warm("model=hf", "model.model_type=gpt2", "model.config.n_embd=64", "model.config.n_layer=2", "model.config.n_head=4",
+                          "model.config.vocab_size=256", "train.seq_len=16", "train.steps=2", "logger=none", *mesh.split(),
+                          run_dir=tmp_path / "run")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.summary["parity"]["ok"] and result.summary["parity"]["max_loss_abs_diff"] < 1e-5, result.summary["parity"]
+    assert "parity FAILED" not in result.stdout

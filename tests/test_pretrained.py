@@ -24,17 +24,25 @@ TINY_LLAMA = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num
 RUN = ["model=hf", "train.steps=1", "train.seq_len=8", "train.batch_size=2", "logger=none", "probes.perf.enabled=false"]
 
 
-@pytest.fixture(scope="module", params=["one_file", "sharded"])
-def checkpoint(request, tmp_path_factory):
-    """A trained-looking tiny Llama saved by transformers: one safetensors file, or 7 shards and an index."""
+def saved_llama(directory, sharded: bool):
+    """A tiny Llama saved by transformers: one safetensors file, or 7 shards and an index."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(11)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **TINY_LLAMA))
-    directory = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(directory, **({"max_shard_size": "20KB"} if request.param == "sharded" else {}))
-    assert (directory / "model.safetensors.index.json").exists() == (request.param == "sharded")
+    model.save_pretrained(directory, **({"max_shard_size": "20KB"} if sharded else {}))
+    assert (directory / "model.safetensors.index.json").exists() == sharded
     return directory
+
+
+@pytest.fixture(scope="module", params=["one_file", "sharded"])
+def checkpoint(request, tmp_path_factory):
+    return saved_llama(tmp_path_factory.mktemp(request.param), sharded=request.param == "sharded")
+
+
+@pytest.fixture(scope="module")
+def sharded_checkpoint(tmp_path_factory):
+    return saved_llama(tmp_path_factory.mktemp("sharded"), sharded=True)
 
 
 def transformers_loss(directory, run, samples: int) -> float:
@@ -88,7 +96,8 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_refused(prepared, checkpoin
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["mesh=fsdp", "mesh=hsdp", "mesh=tp2d"])
-def test_every_sharded_mesh_starts_from_the_checkpoint(checkpoint, tmp_path, mesh, compose_run):
+def test_every_sharded_mesh_starts_from_the_checkpoint(sharded_checkpoint, tmp_path, mesh, compose_run):
+    checkpoint = sharded_checkpoint
     result = run_lab_warm(*RUN, f"model.pretrained={checkpoint}", mesh, run_dir=tmp_path / "run")
     assert result.returncode == 0, result.stderr[-2000:]
     first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
