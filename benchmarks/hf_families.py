@@ -203,11 +203,14 @@ def main() -> None:
     parser.add_argument("--families", nargs="*", default=None, help="model types (default: every causal LM of the mapping)")
     parser.add_argument("--out", default="outputs/hf_families/rows.json")
     parser.add_argument("--doc", default=str(DOC), help="the page whose table to rewrite, or none")
+    parser.add_argument("--keep", nargs="*", default=[], help="rows files of an earlier, stopped matrix: their families are not run again")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
+    kept = {r["family"]: r for path in args.keep for r in json.loads(Path(path).read_text()) if r["runs"] or r["refused"] or r.get("error")}
     families = args.families or causal_lm_types()
-    rows = run_matrix(families, out, meshes=["fsdp", "ddp"], ranks=2)
+    fresh = {r["family"]: r for r in run_matrix([f for f in families if f not in kept], out, meshes=["fsdp", "ddp"], ranks=2)}
+    rows = [kept.get(f) or fresh[f] for f in families]
     # hsdp (2 x 2) and tp2d on 4 ranks: the families issue 37 names, which pass on fsdp and ddp.
     sample = [r["family"] for r in rows if r["family"] in SAMPLE_4_RANKS and passes(r)]
     if sample:
