@@ -211,8 +211,9 @@ def main() -> None:
     families = args.families or causal_lm_types()
     fresh = {r["family"]: r for r in run_matrix([f for f in families if f not in kept], out, meshes=["fsdp", "ddp"], ranks=2)}
     rows = [kept.get(f) or fresh[f] for f in families]
+    rows = [r if "estimate_mib" in r or "estimate_error" in r else with_estimate(r, 2) for r in rows]
     # hsdp (2 x 2) and tp2d on 4 ranks: the families issue 37 names, which pass on fsdp and ddp.
-    sample = [r["family"] for r in rows if r["family"] in SAMPLE_4_RANKS and passes(r)]
+    sample = [r["family"] for r in rows if r["family"] in SAMPLE_4_RANKS and passes(r) and "hsdp" not in r["runs"]]
     if sample:
         wider = {r["family"]: r for r in run_matrix(sample, out.with_name("rows_4_ranks.json"), meshes=["hsdp", "tp2d"], ranks=4)}
         for r in rows:
