@@ -218,7 +218,7 @@ def main() -> None:
         wider = {r["family"]: r for r in run_matrix(sample, out.with_name("rows_4_ranks.json"), meshes=["hsdp", "tp2d"], ranks=4)}
         for r in rows:
             r["runs"].update(wider.get(r["family"], {}).get("runs", {}))
-        out.write_text(json.dumps(rows, indent=1))
+    out.write_text(json.dumps(rows, indent=1))
     if args.doc != "none":
         write_doc(rows, Path(args.doc))
     print(f"{sum(passes(r) for r in rows)} of {len(rows)} families hold parity on fsdp and ddp; rows: {out}")

@@ -9,15 +9,14 @@ import json
 
 import pytest
 import torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from fsdp_lab.config import ConfigError
 from fsdp_lab.cross_entropy import cross_entropy
 from fsdp_lab.data import microbatches
-from fsdp_lab.models import build_meta, materializer
+from fsdp_lab.models import build_meta
 from fsdp_lab.worker import build_trainer
 from warm_lab import run_lab_warm
+from worlds import sharded_on_two_fake_ranks
 
 TINY_LLAMA = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=128, head_dim=8)
@@ -71,13 +70,7 @@ def test_a_rank_reads_only_the_slices_its_shards_hold(fake_group, prepared, chec
 
     run, _ = prepared(*RUN, f"model.pretrained={checkpoint}", "mesh=single")
     fake_group(2, rank)
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=(f"pretrained_rank{rank}",))
-    model = build_meta(run.model)
-    init = materializer(model, run.model, seed=0)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    init.materialise(model, torch.device("cpu"))
+    model = sharded_on_two_fake_ranks(run.model, rank, seed=0)
     saved = {}
     for f in sorted(checkpoint.glob("*.safetensors")):
         saved.update(load_file(f))
