@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 DOC = REPO / "docs" / "hf_families.md"
 TABLE_START, TABLE_END = "<!-- table: benchmarks/hf_families.py -->", "<!-- end of table -->"
 RANKS = 4
@@ -225,5 +226,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     main()
