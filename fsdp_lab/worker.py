@@ -99,7 +99,7 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
         if sinks is not None:
             sinks.publish(trainer.probes)
         if ctx.is_main:
-            print(f"done: {run.train.steps} steps, final loss {trainer.last_loss:.6f}", flush=True)
+            print(f"done: {run.train.steps} steps, final loss {trainer.last_loss:.6f}{parity_failed(summary)}", flush=True)
     except BaseException as e:
         interrupted = isinstance(e, (KeyboardInterrupt, Terminated))
         summary.update(status="interrupted" if interrupted else "failed", error=f"rank {ctx.rank}: {type(e).__name__}: {e}")
@@ -120,6 +120,18 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
             sinks.close(summary)
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def parity_failed(summary: dict) -> str:
+    """What the final line adds when the parity verdict failed (without probes.parity.strict the run
+    still trains to the end): the verdict and where the run first diverged."""
+    parity = summary.get("parity") or {}
+    if parity.get("ok", True):
+        return ""
+    where = parity.get("first_divergence") or (
+        f"max loss diff {parity['max_loss_abs_diff']:.3g}, max param diff {parity['max_param_abs_diff']:.3g}"
+    )
+    return f"; parity FAILED: {where}"
 
 
 def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step, run_dir: Path | None = None) -> Trainer:

@@ -99,6 +99,9 @@ CATALOGUE = [
     ("model=hf model.config_path=/no/such/dir", "error: model.config_path=/no/such/dir: no such file or directory"),
     ("model=hf model.model_type=gpt2 model.config.tie_word_embeddings=false mesh=tp2d mesh.world_size=2",
      "error: mesh.tp=2: model.model_type=gpt2 declares no tensor-parallel plan (base_model_tp_plan); allowed: mesh.tp=1"),
+    ("model=hf model.model_type=llama model.config.attention_dropout=0.1 mesh=tp2d mesh.world_size=2",
+     "error: mesh.tp=2: model.model_type=llama draws random numbers in its forward (attention_dropout=0.1), and a tensor-parallel shard "
+     "draws other masks than its parity reference; set them to 0 (model.config.attention_dropout=0) or probes.parity.enabled=false"),
     ("model=hf model.model_type=gemma mesh=tp2d mesh.world_size=2",
      "error: model.config.tie_word_embeddings=true with mesh.tp=2: the embedding and the output would each distribute the shared weight"),
     ("sweep.objective=loss", "error: sweep.objective=loss: one of final_loss, perf/tokens_per_s, perf/step_time_s"),

@@ -36,7 +36,7 @@ def test_flat_shards_cover_every_element_and_match_the_reference(fake_group, str
         sharded = apply_fsdp1(model, init_device_mesh("cpu", (WORLD,)), list(model.layers), cfg, torch.device("cpu"))
 
         assert max_param_abs_diff(sharded, reference) == 0.0, f"rank {rank}"
-        covered += sum(local.numel() for local, _ in flat_shard_pairs(sharded, dict(reference.named_parameters())))
+        covered += sum(local.numel() for _, local, _ in flat_shard_pairs(sharded, dict(reference.named_parameters())))
         # One element anywhere in the model, here the last, must show up on whichever rank holds it.
         with torch.no_grad():
             reference.layers[-1].out_proj.bias[-1] += 0.5

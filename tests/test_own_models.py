@@ -9,12 +9,11 @@ import json
 
 import pytest
 import torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from fsdp_lab.estimate import estimate
-from fsdp_lab.models import build_meta, build_model, count_params, materializer
+from fsdp_lab.models import build_meta, build_model, count_params
 from matrix_rank import launch, result_of
+from worlds import sharded_on_two_fake_ranks
 from own_models_matrix import FAMILIES, MESHES, TINY_HF, variants
 
 CUSTOM = FAMILIES["custom"]
@@ -47,16 +46,8 @@ def test_every_engine_and_mesh_starts_from_the_same_weights(matrix, family):
 @pytest.mark.parametrize("model", ["transformer_tied", "llama"])
 def test_a_rank_materialises_its_slice_of_the_whole_model(fake_group, compose_run, rank, model):
     run = compose_run(*(LLAMA if model == "llama" else ["model.tie_embeddings=true", "model.dim=32"]))
-    fake_group(2, rank)  # distributing a whole tensor to its shards needs no collective
-    # torch caches DTensor layouts by mesh, and equal meshes of two fake ranks in one process would
-    # share rank 0's: the name keeps each rank's mesh its own.
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=(f"shard_of_rank{rank}",))
-    sharded = build_meta(run.model)
-    init = materializer(sharded, run.model, seed=3)
-    for block in sharded.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(sharded, mesh=mesh)
-    init.materialise(sharded, torch.device("cpu"))
+    fake_group(2, rank)
+    sharded = sharded_on_two_fake_ranks(run.model, rank, seed=3)
     whole = build_model(run.model, seed=3)
     names = [n for n, _ in whole.named_parameters()]
     assert [n for n, _ in sharded.named_parameters()] == names

@@ -103,7 +103,7 @@ def test_summary_holds_only_the_keys_of_its_schema(train):
               "memory.phases_mib", "perf.step_time_s", "perf.tokens_per_s", "perf.mfu"}
     assert public <= keys_of(summary)
     # localize=true replays the last step even when nothing failed; nothing differs on one rank.
-    assert summary["parity"]["localized"] == {"step": 3, "forward_module": None, "grad_module": None, "report": "parity_report.json"}
+    assert summary["parity"]["localized"] == {"step": 3, "forward_module": None, "grad_module": None, "param": None, "report": "parity_report.json"}
     assert rows[1]["memory/tracker_accuracy"] is None and "memory/tracker_accuracy" not in rows[0]
 
 

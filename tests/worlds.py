@@ -43,3 +43,25 @@ def world_of_one():
             yield ctx
         finally:
             dist.destroy_process_group()
+
+
+def sharded_on_two_fake_ranks(model_cfg, rank: int, seed: int):
+    """`model_cfg`'s model as fake rank `rank` of 2 holds it: blocks and root fully_shard-ed over a
+    2-rank mesh, materialised from `seed` (and model.pretrained's checkpoint, if set). Call inside
+    fake_group(2, rank): distributing a whole tensor to its shards needs no collective."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from fsdp_lab.models import build_meta, materializer
+
+    # torch caches DTensor layouts by mesh, and equal meshes of two fake ranks in one process would
+    # share rank 0's: the name keeps each rank's mesh its own.
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=(f"shard_of_rank{rank}",))
+    sharded = build_meta(model_cfg)
+    init = materializer(sharded, model_cfg, seed=seed)
+    for block in sharded.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    init.materialise(sharded, torch.device("cpu"))
+    return sharded

@@ -41,7 +41,8 @@ def build_meta(cfg: ModelConfig) -> nn.Module:
 
 def materializer(model: nn.Module, cfg: ModelConfig, seed: int) -> Materializer:
     """Initialises `model` (from build_meta), or any sharded or wrapped form of it, from `seed`."""
-    return Materializer(model, seed, model_spec(cfg.name).init_module)
+    spec = model_spec(cfg.name)
+    return Materializer(model, seed, spec.init_module, load=None if spec.load is None else (lambda m: spec.load(cfg, m)))
 
 
 def build_model(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu") -> nn.Module:

@@ -5,6 +5,7 @@ blocks are the decoder layers; TP follows the model's own `base_model_tp_plan`."
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -13,8 +14,11 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from fsdp_lab.config import ConfigError, ModelConfig
+from fsdp_lab.models import hf_families, pretrained
 from fsdp_lab.models.foreign import ForeignModel, TokenInputs
 from fsdp_lab.models.spec import ModelSpec, TPPlan
+
+log = logging.getLogger("fsdp_lab")
 
 
 @dataclass
@@ -27,6 +31,9 @@ class HFConfig(ModelConfig):
     """Instead of model_type: a local directory (or config.json) of a checkpoint; no weights are read."""
     config: dict[str, Any] = field(default_factory=dict)
     """Overrides of the transformers config (hidden_size, num_hidden_layers, ...)."""
+    pretrained: Optional[str] = None
+    """A local checkpoint directory (config.json + safetensors): its config (unless model_type or
+    config_path is set) and its weights, each rank reading only the slices it holds."""
 
 
 # The styles of base_model_tp_plan the lab applies; others (e.g. replicated norms) are refused.
@@ -37,22 +44,31 @@ def hf_config(cfg: HFConfig):
     """The transformers config, with sdpa attention."""
     from transformers import AutoConfig
 
-    if (cfg.model_type is None) == (cfg.config_path is None):
+    config_path = cfg.config_path or (cfg.pretrained if cfg.model_type is None else None)
+    if (cfg.model_type is None) == (config_path is None):
         raise ConfigError(
             f"model.model_type={_show(cfg.model_type)}, model.config_path={_show(cfg.config_path)}: set exactly one "
-            "(a transformers model type such as llama, or a directory holding a config.json)"
+            "(a transformers model type such as llama, or a directory holding a config.json; or model.pretrained=DIR alone)"
         )
-    if cfg.config_path is not None and not Path(cfg.config_path).exists():
-        raise ConfigError(f"model.config_path={cfg.config_path}: no such file or directory")
+    for key, path in (("config_path", cfg.config_path), ("pretrained", cfg.pretrained)):
+        if path is not None and not Path(path).exists():
+            raise ConfigError(f"model.{key}={path}: no such file or directory")
     try:
-        if cfg.config_path is not None:
-            config = AutoConfig.from_pretrained(cfg.config_path, local_files_only=True, **cfg.config)
+        if config_path is not None:
+            config = AutoConfig.from_pretrained(config_path, local_files_only=True, **cfg.config)
         else:
             config = AutoConfig.for_model(cfg.model_type, **cfg.config)
-    except (ValueError, OSError, KeyError) as e:
-        raise ConfigError(f"{_model_key(cfg)}: transformers cannot build its config ({str(e).split('. ')[0]})") from None
+    except Exception as e:  # noqa: BLE001 - a config class's own validation raises what it likes
+        raise ConfigError(f"{_model_key(cfg)}: transformers cannot build its config ({_first_line(e)})") from None
     config._attn_implementation = "sdpa"
     return config
+
+
+def _first_line(e: BaseException) -> str:
+    """The exception's first sentence (transformers' config validators nest the cause on a later line)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = lines[-1] if lines and lines[0].startswith("Class validation error") else (lines[0] if lines else type(e).__name__)
+    return text.split(". ")[0]
 
 
 def _show(value: str | None) -> str:
@@ -60,7 +76,9 @@ def _show(value: str | None) -> str:
 
 
 def _model_key(cfg: HFConfig) -> str:
-    return f"model.config_path={cfg.config_path}" if cfg.config_path else f"model.model_type={cfg.model_type}"
+    if cfg.model_type:
+        return f"model.model_type={cfg.model_type}"
+    return f"model.config_path={cfg.config_path}" if cfg.config_path else f"model.pretrained={cfg.pretrained}"
 
 
 def decoder_layers(lm: nn.Module) -> str:
@@ -76,11 +94,12 @@ def decoder_layers(lm: nn.Module) -> str:
 
 
 def build(cfg: HFConfig) -> ForeignModel:
-    from transformers import AutoModelForCausalLM
-
     config = hf_config(cfg)
+    reason = hf_families.refusal(config.model_type, config)
+    if reason:
+        raise ConfigError(f"{_model_key(cfg)}: {reason}")
     try:
-        lm = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        lm = _causal_lm(config)
     except ValueError as e:
         raise ConfigError(f"{_model_key(cfg)}: not a causal LM transformers can build ({str(e).splitlines()[0][:200]})") from None
     heads = config.num_attention_heads
@@ -92,6 +111,21 @@ def build(cfg: HFConfig) -> ForeignModel:
         return 12.0 * n_layers * heads * head_dim * seq_len
 
     return ForeignModel(lm, decoder_layers(lm), TokenInputs(config.vocab_size), attention_flops, call_kwargs={"use_cache": False})
+
+
+def _causal_lm(config) -> nn.Module:
+    """The model with sdpa attention, or eager where its family has no sdpa path (softcapped or
+    otherwise modified attention scores): both run in plain torch under every mesh."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    except ValueError as e:
+        if "scaled_dot_product_attention" not in str(e):
+            raise
+    log.info("model.model_type=%s has no sdpa attention: eager attention", config.model_type)
+    config._attn_implementation = "eager"
+    return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
 
 
 def init_module(model: nn.Module, module: nn.Module) -> None:
@@ -110,7 +144,28 @@ def tp_plan(cfg: HFConfig, sequence_parallel: bool) -> TPPlan:
     return {}, block
 
 
+# Config keys of randomness in a causal LM's forward (dropout, MoE router jitter, layer drop); a
+# classifier's or a summary head's dropout never runs in it.
+RANDOM_KEYS = ("dropout", "pdrop", "jitter", "layerdrop")
+UNUSED_PREFIXES = ("classifier", "summary")
+
+
+def forward_randomness(config) -> dict[str, float]:
+    """The config's nonzero keys that draw random numbers in the forward."""
+    return {
+        key: value for key, value in sorted(config.to_dict().items())
+        if isinstance(value, float) and value > 0 and any(k in key for k in RANDOM_KEYS) and not key.startswith(UNUSED_PREFIXES)
+    }
+
+
+def load(cfg: HFConfig, model: nn.Module) -> None:
+    if cfg.pretrained is not None:
+        model.pretrained_load = pretrained.load_local_shards(model, cfg.pretrained)
+
+
 def check(cfg: HFConfig, run, dims, model: ForeignModel) -> None:
+    if cfg.pretrained is not None:
+        pretrained.check_keys(model, cfg.pretrained)
     if not dims.tp_enabled:
         return
     config = model.inner.config
@@ -124,10 +179,17 @@ def check(cfg: HFConfig, run, dims, model: ForeignModel) -> None:
         n = getattr(config, key, None)
         if n and n % dims.tp:
             raise ConfigError(f"mesh.tp={dims.tp}: must divide model.config.{key}={n} (each rank computes whole heads)")
+    random = forward_randomness(config)
+    if random and run.probes.parity.enabled:
+        raise ConfigError(
+            f"mesh.tp={dims.tp}: {_model_key(cfg)} draws random numbers in its forward ({', '.join(f'{k}={v:g}' for k, v in random.items())}), "
+            "and a tensor-parallel shard draws other masks than its parity reference; set them to 0 "
+            f"({' '.join(f'model.config.{k}=0' for k in random)}) or probes.parity.enabled=false"
+        )
 
 
 SPEC = ModelSpec(
     name="hf", config=HFConfig, build=build, init_module=init_module, tp_plan=tp_plan, manual_ac=False,
     tied=lambda cfg: bool(getattr(hf_config(cfg), "tie_word_embeddings", False)), tied_key="model.config.tie_word_embeddings",
-    check=check,
+    check=check, load=load,
 )

@@ -49,8 +49,9 @@ class Materializer:
     """Remembers the model's module names before wrapping renames them (checkpoint wrappers, FSDP1,
     DDP), then materialises the model or any wrapped form of it."""
 
-    def __init__(self, model: nn.Module, seed: int, init_module: Callable[[nn.Module, nn.Module], None]):
-        self.model, self.seed, self.init_module = model, seed, init_module
+    def __init__(self, model: nn.Module, seed: int, init_module: Callable[[nn.Module, nn.Module], None],
+                 load: Callable[[nn.Module], None] | None = None):
+        self.model, self.seed, self.init_module, self.load = model, seed, init_module, load
         self.names = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
 
     def module_seed(self, name: str) -> int:
@@ -85,6 +86,8 @@ class Materializer:
                     continue
                 torch.manual_seed(self.module_seed(name))
                 self._init(module, own, device, owner)
+        if self.load is not None:  # trained weights over the seed's
+            self.load(model)
 
     def _init(self, module: nn.Module, own: list, device: torch.device, owner: dict) -> None:
         """Swap whole-size tensors in for the module's parameters, initialise, copy each rank's shard back."""

@@ -75,3 +75,6 @@ class ModelSpec:
     """The config key that ties them, for the messages that refuse what tying breaks."""
     check: Callable[[Any, Any, Any, nn.Module], None] = _no_check
     """(config, run, dims, model on meta) -> raise ConfigError for what this family refuses."""
+    load: Optional[Callable[[Any, nn.Module], None]] = None
+    """(config, materialised model, possibly sharded) -> overwrite its local shards with trained
+    weights (model.pretrained); None = the seed's initialisation stands."""

@@ -14,9 +14,9 @@ from torch.distributed.fsdp._common_utils import clean_tensor_name
 
 def flat_shard_pairs(
     model: FSDP, ref_params: dict[str, torch.Tensor], only: set[str] | None = None
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(piece of this rank's flat shard, the matching 1-D slice of the reference parameter), for the
-    parameters named in `only` if given."""
+) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(parameter name, piece of this rank's flat shard, the matching 1-D slice of the reference
+    parameter), for the parameters named in `only` if given."""
     for name, module in model.named_modules():
         handle = module._handle if isinstance(module, FSDP) else None
         if handle is None:  # an FSDP unit whose parameters all sit in its children
@@ -30,7 +30,7 @@ def flat_shard_pairs(
                 continue
             local = flat[info.offset_in_shard : info.offset_in_shard + info.numel_in_shard]
             expected = ref_params[full_name].flatten()[info.intra_param_start_idx : info.intra_param_end_idx + 1]
-            yield local, expected
+            yield full_name, local, expected
 
 
 def is_fsdp1(model: nn.Module) -> bool:

@@ -21,6 +21,7 @@ from torch.distributed.fsdp._common_utils import clean_tensor_name
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from fsdp_lab.modules import unwrap
+from fsdp_lab.probes.parity import shard_pairs
 from fsdp_lab.sinks.files import write_json_atomic
 
 REPORT_JSON = "parity_report.json"
@@ -116,6 +117,38 @@ def compare(
     return order, found
 
 
+def param_drift(model: nn.Module, reference: nn.Module) -> dict[str, dict]:
+    """{parameter name: {param_max_abs_diff, param_max_abs}}: this rank's shard of each parameter
+    against the matching slice of the reference's."""
+    ref_params = {name: p.detach() for name, p in unwrap(reference).named_parameters()}
+    pairs: dict[str, list] = {}
+    for name, local, expected in shard_pairs(model, ref_params):
+        pairs.setdefault(name, []).append((local, expected))
+    return {
+        name: dict(zip(("param_max_abs_diff", "param_max_abs"), worst))
+        for name, group in pairs.items() if (worst := _worst(group)) is not None
+    }
+
+
+def first_drifted(drift: dict[str, dict], reference: nn.Module, tolerance: float) -> str | None:
+    """The first parameter, in the reference's order, that differs beyond `tolerance`."""
+    return next(
+        (name for name, _ in unwrap(reference).named_parameters() if drift.get(name, {}).get("param_max_abs_diff", 0.0) > tolerance),
+        None,
+    )
+
+
+def drift_report(step: int, tolerance: float, drift: dict[str, dict], reference: nn.Module) -> dict:
+    """The report of a step not replayed because the parameters it left already differ."""
+    name = first_drifted(drift, reference, tolerance)
+    params = [{"name": n, **drift[n]} for n, _ in unwrap(reference).named_parameters() if n in drift]
+    hit = drift[name]
+    return {
+        "step": step, "replayed_on": None, "tolerance": tolerance, "forward": None, "grad": None, "modules": [],
+        "param": {"name": name, "max_abs_diff": hit["param_max_abs_diff"], "max_abs": hit["param_max_abs"]}, "params": params,
+    }
+
+
 def merged_over_ranks(found: dict[str, dict]) -> dict[str, dict]:
     """Every rank's findings, the largest of each figure per module."""
     ranks = [None] * dist.get_world_size()
@@ -146,6 +179,13 @@ def build_report(step: int, replayed_on: str, tolerance: float, order: list[str]
 
 def headline(report: dict) -> str:
     """One line for the console and the summary."""
+    if report.get("param") is not None:
+        hit = report["param"]
+        return (
+            f"parity: step {report['step']} not replayed: the parameters it left already differ (a replay on them would "
+            f"blame whichever module runs first; probes.parity.localize=true replays from before the step): first differing "
+            f"parameter {hit['name']} (|diff| {hit['max_abs_diff']:.3g} at magnitude {hit['max_abs']:.3g})"
+        )
     parts = []
     for kind, what in (("forward", "output"), ("grad", "parameter gradient")):
         hit = report[kind]
@@ -157,6 +197,12 @@ def headline(report: dict) -> str:
 
 
 def render(report: dict) -> str:
+    if report.get("param") is not None:
+        lines = [f"# Parity localisation, step {report['step']}", "", f"{headline(report)}.", "",
+                 f"Parameters in the reference's order; tolerance {report['tolerance']:g}.", "",
+                 "| parameter | max abs diff | max abs |", "|---|---|---|"]
+        lines += [f"| {p['name']} | {p['param_max_abs_diff']:.3g} | {p['param_max_abs']:.3g} |" for p in report["params"]]
+        return "\n".join(lines) + "\n"
     lines = [
         f"# Parity localisation, step {report['step']}", "",
         f"{headline(report)}.", "", f"Replayed on {report['replayed_on']}; tolerance {report['tolerance']:g}.", "",

@@ -65,8 +65,8 @@ class ParityVerdict:
         }
 
 
-def _shard_pairs(model: nn.Module, ref_params: dict[str, torch.Tensor], only: set[str] | None = None):
-    """(local shard, matching reference slice) for every parameter this rank holds (named in `only`, if given)."""
+def shard_pairs(model: nn.Module, ref_params: dict[str, torch.Tensor], only: set[str] | None = None):
+    """(name, local shard, matching reference slice) for every parameter this rank holds (named in `only`, if given)."""
     if is_fsdp1(model):
         yield from flat_shard_pairs(model, ref_params, only)
         return
@@ -79,15 +79,15 @@ def _shard_pairs(model: nn.Module, ref_params: dict[str, torch.Tensor], only: se
         if isinstance(param, DTensor):
             # Every rank holds the full reference, so each slices locally (src_data_rank=None).
             expected = distribute_tensor(expected, param.device_mesh, param.placements, src_data_rank=None)
-            yield param.to_local(), expected.to_local()
+            yield name, param.to_local(), expected.to_local()
         else:
-            yield param, expected
+            yield name, param, expected
 
 
 def _local_worst(model: nn.Module, ref_params: dict[str, torch.Tensor], only: set[str] | None) -> tuple[torch.Tensor, int]:
     """This rank's largest |local shard - reference slice| and how many elements it compared."""
     worst, numel = torch.zeros((), dtype=torch.float64), 0
-    for local, expected in _shard_pairs(model, ref_params, only):
+    for _, local, expected in shard_pairs(model, ref_params, only):
         if local.numel():
             diff = (local.detach().double().cpu() - expected.double().cpu()).abs().max()
             worst = torch.maximum(worst, diff)

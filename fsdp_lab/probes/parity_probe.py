@@ -19,7 +19,7 @@ from fsdp_lab.config import AccumConfig, ConfigError, RunConfig
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.optim import Optimization, Optimized
 from fsdp_lab.parallel.ddp import apply_ddp
-from fsdp_lab.probes import localize
+from fsdp_lab.probes import localize, rng
 from fsdp_lab.probes.base import Probe, ProbeSetup, StepResult
 from fsdp_lab.probes.parity import TOLERANCES, ParityVerdict, max_param_abs_diff
 from fsdp_lab.step import forward_backward, global_mean, train_step, unmeasured
@@ -92,6 +92,7 @@ class ParityProbe(Probe):
         self.report: dict | None = None
 
     def around_step(self, step: int, batches):
+        self.step_rng = rng.capture(self.ctx.device)  # the reference's forward draws the same dropout masks
         if self.cfg.localize and self.report is None:
             self.snapshot = _clone(list(self.model.parameters()))
         return super().around_step(step, batches)
@@ -99,7 +100,8 @@ class ParityProbe(Probe):
     def after_step(self, result: StepResult) -> dict:
         ref, verdict = self.reference, self.reference.verdict
         ref_snapshot = _clone(list(ref.model.parameters())) if self.snapshot is not None else None
-        ref_local, ref_norm = train_step(ref.model, ref.optimizer, result.batches, unmeasured, ref.accumulation.microbatch, ref.optim.clip)
+        with rng.drawing_from(self.step_rng):
+            ref_local, ref_norm = train_step(ref.model, ref.optimizer, result.batches, unmeasured, ref.accumulation.microbatch, ref.optim.clip)
         out = {
             "parity/loss_abs_diff": abs(result.loss - global_mean(ref_local, self.dp_group)),
             "parity/grad_norm_abs_diff": abs(result.row["grad/norm"] - float(ref_norm)),
@@ -126,7 +128,22 @@ class ParityProbe(Probe):
         return out
 
     def _localize(self, result: StepResult, ref_snapshot: list[torch.Tensor] | None) -> None:
-        """Replay the step on both models, from before it if there is a snapshot, and report."""
+        """Replay the step on both models from before it, if there is a snapshot; without one, name
+        the first parameter that already differs (a replay on parameters that differ everywhere
+        would blame the first module it runs), or replay on them if none does."""
+        ref = self.reference
+        drift = None if ref_snapshot is not None else localize.merged_over_ranks(localize.param_drift(self.model, ref.model))
+        if drift is not None and localize.first_drifted(drift, ref.model, ref.verdict.param_tolerance) is not None:
+            self.report = localize.drift_report(result.step, ref.verdict.param_tolerance, drift, ref.model)
+        else:
+            self.report = self._replay(result, ref_snapshot)
+        self.snapshot = None
+        if self.ctx.is_main:
+            print(localize.headline(self.report), flush=True)
+            if self.run_dir is not None:
+                localize.write_report(self.run_dir, self.report)
+
+    def _replay(self, result: StepResult, ref_snapshot: list[torch.Tensor] | None) -> dict:
         ref = self.reference
         params = list(self.model.parameters()) + list(ref.model.parameters())
         after = None
@@ -135,20 +152,22 @@ class ParityProbe(Probe):
             _copy_into(params, self.snapshot + ref_snapshot)
         for optimizer in (self.optim.optimizer, ref.optimizer):
             optimizer.zero_grad(set_to_none=True)
-        order, found = localize.compare(
-            self.model, ref.model, result.replay, lambda: forward_backward(ref.model, result.batches, unmeasured, ref.accumulation.microbatch),
-        )
+
+        def replay_reference():
+            with rng.drawing_from(self.step_rng):
+                forward_backward(ref.model, result.batches, unmeasured, ref.accumulation.microbatch)
+
+        def replay():
+            with rng.drawing_from(self.step_rng):
+                result.replay()
+
+        order, found = localize.compare(self.model, ref.model, replay, replay_reference)
         for optimizer in (self.optim.optimizer, ref.optimizer):
             optimizer.zero_grad(set_to_none=True)
         if after is not None:
             _copy_into(params, after)
         replayed_on = "the parameters before the step" if after is not None else "the parameters the step left"
-        self.report = localize.build_report(result.step, replayed_on, ref.verdict.tolerance, order, localize.merged_over_ranks(found))
-        self.snapshot = None
-        if self.ctx.is_main:
-            print(localize.headline(self.report), flush=True)
-            if self.run_dir is not None:
-                localize.write_report(self.run_dir, self.report)
+        return localize.build_report(result.step, replayed_on, ref.verdict.tolerance, order, localize.merged_over_ranks(found))
 
     def summary(self) -> dict:
         section = self.reference.verdict.as_summary()
@@ -157,8 +176,11 @@ class ParityProbe(Probe):
                 "step": self.report["step"],
                 "forward_module": (self.report["forward"] or {}).get("module"),
                 "grad_module": (self.report["grad"] or {}).get("module"),
+                "param": (self.report.get("param") or {}).get("name"),
                 "report": localize.REPORT_JSON,
             }
+            if not section["ok"]:
+                section["first_divergence"] = localize.headline(self.report)
         return {"parity": section}
 
 

@@ -36,7 +36,7 @@ def job_row(num: int, overrides: Sequence[str], run_dir: Path, *, exited_ok: boo
         "status": "ok" if ok else "failed", "error": None if ok else (s.get("error") or fallback_error),
         "wall_s": None if wall_s is None else round(wall_s, 2),
         "steps": s.get("steps"), "world_size": s.get("world_size"), "device": s.get("device"),
-        "final_loss": s.get("final_loss"), "parity_ok": parity.get("ok"),
+        "final_loss": s.get("final_loss"), "parity_ok": parity.get("ok"), "parity_first_divergence": parity.get("first_divergence"),
         "max_loss_abs_diff": parity.get("max_loss_abs_diff"), "peak_mib": memory.get("peak_mib"),
         "step_time_s": perf.get("step_time_s"), "tokens_per_s": perf.get("tokens_per_s"),
         "checks": {spec: v["ok"] for spec, v in (s.get("checks") or {}).items()},
@@ -69,6 +69,9 @@ def finish_sweep(sweep_dir: Path, rows: list[dict], returns: list[JobReturn], *,
             ret.status = JobStatus.FAILED
             ret.return_value = JobFailed(f"error: {describe(row)} failed: {row['error']} (run dir: {row['run_dir']})", row["error"])
     print(f"sweep summary: {sweep_dir / SWEEP_SUMMARY_FILE} ({len(rows) - len(failed)} ok, {len(failed)} failed)", flush=True)
+    for row in rows:
+        if row["parity_ok"] is False:
+            print(f"parity FAILED: {describe(row)}: {row['parity_first_divergence'] or 'see its summary.json'}", flush=True)
     verdicts = [(row, spec, ok) for row in rows for spec, ok in row["checks"].items()]
     if verdicts:
         broken = [f"{describe(row)} {spec}" for row, spec, ok in verdicts if ok is False]
