@@ -14,7 +14,7 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from yardstick_loop import init_process_group, parse_args, time_steps
 
-from fsdp_lab.config import TransformerConfig
+from fsdp_lab.models.transformer import TransformerConfig
 from fsdp_lab.models.transformer import Transformer
 
 

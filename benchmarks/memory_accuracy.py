@@ -31,8 +31,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-from lab import lab_env, run_lab  # noqa: E402
+from fsdp_lab.cli_process import lab_env, run_lab  # noqa: E402
 
 # The default transformer at a size that fills a few GB per GPU (~540M parameters).
 MODEL = (

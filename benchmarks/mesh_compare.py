@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from speed import lab, yardstick
+from speed import lab_run, peer
 
 # layout: (lab overrides, the yardstick's arguments for the same layout)
 LAYOUTS = {
@@ -38,8 +38,8 @@ def main() -> None:
           "peak memory per GPU MiB (lab / hand-written) |")
     print("|---|---|---|---|---|---|---|")
     for name, (overrides, yard_args) in LAYOUTS.items():
-        summary = lab([*overrides, "probes.memory.enabled=true", *extra])
-        yard = yardstick(gpus, [*yard_args, *(["--compile"] if compile_ else [])])
+        summary = lab_run([*overrides, *extra]).summary
+        yard = peer("hand-written", gpus, [*yard_args, *(["--compile"] if compile_ else [])], None)
         mesh, perf, peak = summary["mesh"], summary["perf"], summary["memory"]["peak_mib"]
         shape = " x ".join(f"{k} {v}" for k, v in mesh.items() if k != "engine" and v > 1)
         tokens_per_step = perf["tokens_per_s"] * perf["step_time_s"] * summary["world_size"]

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "benchmarks"), str(REPO / "tests")]  # runs_in_ranks; compose (the CLI's config in process)
+sys.path.insert(0, str(REPO / "benchmarks"))  # runs_in_ranks
 from runs_in_ranks import is_rank, run_all  # noqa: E402
 
 MEMORY_BOUND = 0.03  # the estimate issue's target: within 3% of the allocator's peak
@@ -122,7 +122,7 @@ def ranking(rows: list[dict], device: str, gpus_per_node: int) -> list[str]:
     """Per model and compile setting: the plan's first fitting candidate for the measured GPUs at the
     measured batch (4 samples per GPU), and how its measured step compares with the fastest measured
     layout of the same set."""
-    from compose import compose_run
+    from fsdp_lab.compose import compose_run
     from fsdp_lab.plan.predict import layout_of
     from fsdp_lab.plan.run import plan
 

@@ -20,9 +20,10 @@ import time
 
 import torch
 
-from fsdp_lab.probes.memory import PHASES, PhaseMemory
+from fsdp_lab.memory_phases import PHASES
+from fsdp_lab.probes.memory import PhaseMemory
 from fsdp_lab.probes.perf import Throughput
-from speed import lab
+from speed import lab_run
 
 # Steps apart in every configuration: parity keeps them apart (its reference replays each finished
 # step), so with bench_llama1b's overlapping steps its cost would include theirs.
@@ -75,7 +76,7 @@ def main() -> None:
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in CONFIGS}
     for _ in range(args.rounds):
         for name, overrides in CONFIGS.items():
-            perf = lab([*overrides, *args.overrides])["perf"]
+            perf = lab_run([*overrides, *args.overrides]).summary["perf"]
             times[name].append((perf["iteration_time_s"], perf["step_time_s"]))
             print(f"{name}: iteration {perf['iteration_time_s'] * 1e3:.2f} ms, step {perf['step_time_s'] * 1e3:.2f} ms", flush=True)
     base = statistics.median(t for t, _ in times["probes off"])

@@ -10,21 +10,16 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 import traceback
-from pathlib import Path
 
 import torch
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
 
 
 def run_once(overrides: list[str], ctx) -> dict:
     """One run of `python -m fsdp_lab OVERRIDES` in this rank: its perf and memory sections."""
     import torch._dynamo
 
-    from compose import prepared
+    from fsdp_lab.compose import prepared
     from fsdp_lab.summary import probe_sections
     from fsdp_lab.worker import build_trainer
 

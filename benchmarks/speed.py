@@ -1,7 +1,7 @@
 """The lab's training step beside torchtitan's and a hand-written FSDP2 loop, on the same GPUs, model
 shape and precision, in one invocation per mode:
 
-    python benchmarks/speed.py [--compile] [--ac none|full] [--shape 1b|8b] [--runs 3] [--peers lab,torchtitan,hand-written]
+    python benchmarks/speed.py [--compile] [--ac none|full] [--shape 1b|8b] [--float8 none|tensorwise|rowwise] [--runs 3] [--peers lab,torchtitan,hand-written]
                                [--variant NAME=OVERRIDES ...] [--peer-path DIR] [--json PATH] [--profile DIR]
                                [extra lab overrides]
 
@@ -11,9 +11,11 @@ or slows down through the invocation favours no peer (in a fixed order the last 
 would always run latest), and the table shows medians. Each run records its place in the
 invocation (`at`, in --json). The lab runs
 `+experiment=bench_llama1b` (shape 8b: Llama-3-8B's sizes with full multi-head attention, batch 1,
-seq 4096) with the per-phase memory probe on for its peak (it costs no measurable time), and at 1b
-eager with `fsdp.reshard_after_forward=false wrap.group=4`, compiled with `wrap.group=2` (LAYOUT:
-the fastest that fits under torchtitan's peak). Each peer's host ms/step is its host's time to issue
+seq 4096) with the per-phase memory probe on for its peak (it costs no measurable time): at 1b eager
+as the experiment sets it (`fsdp.reshard_after_forward=false wrap.group=4`), compiled and at 8b
+resharding (LAYOUT: the fastest that fits under torchtitan's peak). --float8 RECIPE: torchao's float8
+linears in the lab (FLOAT8: tensorwise with float8 all-gather) and in torchtitan (its float8 converter,
+the output projection left in bf16 by both). Each peer's host ms/step is its host's time to issue
 a step, before it reads a loss. torchtitan
 (benchmarks/torchtitan_yardstick.py) runs with DIR (where its wheels were installed) on its path.
 --ac full: every block checkpointed in the lab (ac=full) and in torchtitan (its --ac full; the
@@ -37,8 +39,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-from lab import run_lab  # noqa: E402
+from fsdp_lab.cli_process import run_lab  # noqa: E402
 from yardstick_loop import SHAPE  # noqa: E402  (benchmarks/, this script's directory)
 
 SHAPES = {
@@ -51,15 +52,18 @@ SHAPES = {
 LAB_KEY = {"seq_len": "train.seq_len", "batch_size": "train.batch_size", "steps": "train.steps",
            "warmup": "probes.perf.warmup_steps"}
 # The lab's layout where it is not bench_llama1b's, the fastest that stays under torchtitan's peak
-# memory: at 1b eager, the lab's loss holds no float32 copy of the logits (2.2 GiB less than
-# torchtitan's), room to keep each block's gathered parameters from forward to backward (1.8 GiB),
-# which saves the backward's all-gathers. Blocks sharded 4 to a unit (wrap.group) pay FSDP's host
-# work per unit a quarter as often: eager 1b steps wait for their host (speed.py's host ms/step,
-# host_time.py), and kept gathered, a group costs no memory. Compiled, torchtitan's loss holds no
-# copy either (their peaks are level): the lab reshards, 2 blocks to a unit (4 gathered 89 MiB over
-# torchtitan's peak). At 8b the blocks' gathered bf16 weights would add about 14.5 GiB (7.8B
-# parameters, by count; not measured), above torchtitan's peak there.
-LAYOUT = {("1b", False): ["fsdp.reshard_after_forward=false", "wrap.group=4"], ("1b", True): ["wrap.group=2"]}
+# memory. bench_llama1b carries the eager 1b one itself (fsdp.reshard_after_forward=false, wrap.group=4:
+# the lab's loss holds no float32 copy of the logits, 2.2 GiB less than torchtitan's, room to keep each
+# block's gathered parameters from forward to backward, 1.8 GiB, which saves the backward's
+# all-gathers; 4 blocks to a unit pay FSDP's host work a quarter as often). Compiled, torchtitan's
+# loss holds no copy either (their peaks are level): the lab reshards, 2 blocks to a unit (4 gathered
+# 89 MiB over torchtitan's peak). At 8b the blocks' gathered bf16 weights would add about 14.5 GiB
+# (7.8B parameters, by count; not measured), above torchtitan's peak there: it reshards.
+RESHARDED = ["fsdp.reshard_after_forward=true", "wrap.group=1"]  # at 8b: as measured before the experiment kept blocks gathered
+LAYOUT = {("1b", True): ["fsdp.reshard_after_forward=true", "wrap.group=2"], ("8b", False): RESHARDED, ("8b", True): RESHARDED}
+# --float8: the lab's overrides per recipe (tensorwise gathers its weights in float8, as torchtitan's
+# float8 configs do); torchtitan's yardstick takes --float8 RECIPE and sets the same.
+FLOAT8 = {"tensorwise": ["float8.recipe=tensorwise", "float8.fsdp_all_gather=true"], "rowwise": ["float8.recipe=rowwise"]}
 PEERS = ("lab", "torchtitan", "hand-written")
 SCRIPT = {"torchtitan": "benchmarks/torchtitan_yardstick.py", "hand-written": "benchmarks/fsdp2_yardstick.py"}
 
@@ -69,14 +73,20 @@ def lab(overrides: list[str], warmup: int, profile_dir: Path | None = None) -> d
     with `profile_dir`, its profile/ of the last 2 warm-up steps (as the peers') copied there."""
     if profile_dir:
         overrides = [*overrides, "probes.profile.enabled=true", f"probes.profile.first_step={warmup - 1}", "probes.profile.steps=2"]
-    result = run_lab("+experiment=bench_llama1b", "probes.memory.enabled=true", *overrides, timeout=1800)
-    if result.returncode != 0:
-        sys.exit(f"lab run failed ({' '.join(overrides)}):\n{result.stderr[-3000:]}")
+    result = lab_run(overrides)
     if profile_dir:
         shutil.copytree(result.run_dir / "profile", profile_dir, dirs_exist_ok=True)
     s = result.summary
     return {"tokens_per_s": s["perf"]["tokens_per_s"], "mfu": s["perf"]["mfu"], "peak_mib": s["memory"]["peak_mib"],
             "host_step_s": s["perf"]["host_step_s"]}
+
+
+def lab_run(overrides: list[str]):
+    """`python -m fsdp_lab +experiment=bench_llama1b OVERRIDES` with the memory probe on, finished (or exit)."""
+    result = run_lab("+experiment=bench_llama1b", "probes.memory.enabled=true", *overrides, timeout=1800)
+    if result.returncode != 0:
+        sys.exit(f"lab run failed ({' '.join(overrides)}):\n{result.stderr[-3000:]}")
+    return result
 
 
 def peer(name: str, gpus: int, args: list[str], peer_path: str | None) -> dict:
@@ -111,6 +121,8 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="per-block torch.compile in every peer")
     p.add_argument("--ac", choices=("none", "full"), default="none", help="activation checkpointing of every block")
     p.add_argument("--shape", choices=SHAPES, default="1b")
+    p.add_argument("--float8", choices=("none", *FLOAT8), default="none",
+                   help="float8 linears (torchao) in the lab and torchtitan; the hand-written loop has none")
     p.add_argument("--runs", type=int, default=3, help="fresh processes per peer; the table shows medians")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}")
     p.add_argument("--peer-path", help="directory holding torchtitan and its dependencies")
@@ -126,8 +138,9 @@ def main() -> None:
             p.error(f"--variant={v}: expected NAME=OVERRIDES, the lab's overrides separated by spaces")
         variants[f"lab:{name}"] = overrides.split()
     peers = [name for name in PEERS if name in a.peers.split(",")] + list(variants)
-    if a.ac != "none" and "hand-written" in peers:
-        p.error(f"--ac={a.ac}: the hand-written loop has no activation checkpointing; leave it out of --peers")
+    for flag, value in (("ac", a.ac), ("float8", a.float8)):
+        if value != "none" and "hand-written" in peers:
+            p.error(f"--{flag}={value}: the hand-written loop has no such option; leave it out of --peers")
     # The yardsticks' warm-up unless the shape sets one, given to the lab too: both time, and
     # profile, the same steps.
     shape = {"warmup": dict(SHAPE)["warmup"], **SHAPES[a.shape]}
@@ -141,6 +154,9 @@ def main() -> None:
     if a.ac != "none":
         lab_overrides.append(f"ac={a.ac}")
         args.append(f"--ac={a.ac}")
+    if a.float8 != "none":
+        lab_overrides += FLOAT8[a.float8]
+        args.append(f"--float8={a.float8}")
 
     runs: dict[str, list[dict]] = {name: [] for name in peers}
     for run in range(a.runs):
@@ -153,11 +169,11 @@ def main() -> None:
             runs[name].append({**figures, "at": sum(map(len, runs.values()))})
             print(f"{name:13} {figures['tokens_per_s']:10.0f} tokens/s  {figures['peak_mib']:9.0f} MiB", flush=True)
             if a.json:  # after every run: an invocation cut off by a time limit keeps the runs it made
-                a.json.write_text(json.dumps({"gpus": gpus, "compile": a.compile, "shape": a.shape, "extra": extra,
+                a.json.write_text(json.dumps({"gpus": gpus, "compile": a.compile, "shape": a.shape, "float8": a.float8, "extra": extra,
                                               "runs": runs, "medians": medians_of(runs)}, indent=1))
     medians = medians_of(runs)
 
-    print(f"\n{gpus} GPUs, shape {a.shape}, compile={a.compile}, ac={a.ac}, medians of {a.runs} runs{' ' + ' '.join(extra) if extra else ''}")
+    print(f"\n{gpus} GPUs, shape {a.shape}, compile={a.compile}, ac={a.ac}, float8={a.float8}, medians of {a.runs} runs{' ' + ' '.join(extra) if extra else ''}")
     # Each lab column against each peer that is not the lab, and each variant against the lab.
     ratios = [(mine, n) for mine in peers if mine == "lab" or mine in variants for n in peers if n not in variants and n != mine]
     width = max([18] + [len(f"{num}/{den}") + 2 for num, den in ratios])

@@ -47,7 +47,7 @@ def import_torchtitan():
 
 
 def main() -> None:
-    a = parse_args(__doc__, ac=("none", "selective", "full"))
+    a = parse_args(__doc__, ac=("none", "selective", "full"), float8=("none", "tensorwise", "rowwise"))
     device = init_process_group()
     build_loss, JobConfig, ParallelDims, Transformer, TransformerModelArgs, parallelize_llama, apply_fsdp = import_torchtitan()
     # torchtitan sizes SwiGLU as multiple_of * ceil((8 * dim / 3) / multiple_of): multiple_of = ffn_dim
@@ -74,6 +74,9 @@ def main() -> None:
     hidden = model.layers["0"].feed_forward.w1.out_features
     if hidden != a.ffn_dim:
         sys.exit(f"torchtitan sized the MLP {hidden}, not --ffn-dim {a.ffn_dim}")
+    converters = float8_converters(job, dims, a.float8) if a.float8 != "none" else None
+    if converters is not None:
+        converters.convert(model)  # before parallelize_llama, as torchtitan's trainer converts
     model = parallelize_llama(model, dims, job)
     if world == 1:
         # parallelize_llama shards only over more than one rank; on one GPU its own FSDP wrapping is
@@ -85,9 +88,27 @@ def main() -> None:
         model.init_weights(buffer_device=device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    if converters is not None:  # torchtitan's trainer calls it after every optimizer step (the scales' precompute)
+        opt.register_step_post_hook(lambda *_: converters.post_optimizer_hook(model))
     # The loss is compiled with the model, as torchtitan's trainer does; with tp > 1 torchtitan keeps
     # the logits sharded by vocabulary and computes the loss and its backward on the shards.
     time_steps(model, opt, build_loss(job), a, device, loss_parallel if a.tp > 1 else contextlib.nullcontext)
+
+
+def float8_converters(job, dims, recipe: str):
+    """torchtitan's float8 converter as its float8 configs set it: the recipe, the output projection
+    left in bf16, tensorwise weights all-gathered in float8 with their scales precomputed (the lab's
+    speed.py FLOAT8 sets the same). Written against torchtitan 0.2.0's JobConfig.float8 and
+    build_model_converters; another version without them stops here with the reason."""
+    try:
+        from torchtitan.protocols.model_converter import build_model_converters
+        job.model.converters = ["float8"]
+        f = job.float8
+        f.recipe_name, f.filter_fqns = recipe, ["output"]
+        f.enable_fsdp_float8_all_gather = f.precompute_float8_dynamic_scale_for_fsdp = recipe == "tensorwise"
+    except (ImportError, AttributeError) as e:
+        sys.exit(f"--float8={recipe}: this torchtitan has no JobConfig.float8 / build_model_converters as 0.2.0 has ({e})")
+    return build_model_converters(job, dims)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ import contextlib
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from fsdp_lab.config import AccumConfig
+from fsdp_lab.config import AccumConfig, ConfigError, RunConfig
+from fsdp_lab.mesh import ParallelDims
 
 
 class Accumulation:
@@ -35,3 +36,16 @@ class Accumulation:
         if sync == "last" and not last:
             return self.model.no_sync()  # DDP and FSDP1
         return contextlib.nullcontext()
+
+
+def check_accum(run: RunConfig, dims: ParallelDims) -> None:
+    a = run.train.accum
+    if a.sync == "reduce_scatter_only" and not (run.mesh.engine == "fsdp2" and dims.hsdp_enabled):
+        raise ConfigError(
+            "train.accum.sync=reduce_scatter_only: needs HSDP with FSDP2 (mesh.engine=fsdp2, mesh.dp_replicate>1 "
+            f"and mesh.dp_shard>1; here engine={run.mesh.engine}, dp_replicate={dims.dp_replicate}, "
+            f"dp_shard={dims.dp_shard}); allowed otherwise: every, last"
+        )
+    for key, value, default in (("reshard_after_backward", a.reshard_after_backward, True), ("explicit_unshard", a.explicit_unshard, False)):
+        if value != default and run.mesh.engine != "fsdp2":
+            raise ConfigError(f"train.accum.{key}={str(value).lower()}: only FSDP2 has it; mesh.engine={run.mesh.engine}")

@@ -33,7 +33,7 @@ import xxhash
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from fsdp_lab.config import CheckpointConfig, RunConfig
+from fsdp_lab.config import CheckpointConfig, ConfigError, RunConfig
 from fsdp_lab.sinks.files import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -349,3 +349,19 @@ class Checkpointer:
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
             "last_saved": str(self.last_saved) if self.last_saved else None,
         }
+
+
+def check_checkpoint(run: RunConfig) -> None:
+    c = run.checkpoint
+    if c.kind == "dcp" and run.mesh.engine == "fsdp1" and run.ac.mode != "none" and run.ac.impl in ("wrapper", "outer_wrapper"):
+        # torch's set_state_dict looks FSDP1's parameters up under their checkpoint_wrapper names
+        # (KeyError on resume): a checkpoint that could not be loaded is not written at all.
+        raise ConfigError(
+            f"checkpoint.kind=dcp with mesh.engine=fsdp1 and ac.impl={run.ac.impl}: torch cannot load FSDP1 "
+            "state through checkpoint wrappers; allowed: ac.impl=composable, utils or manual, or mesh.engine=fsdp2"
+        )
+    if c.resume not in (None, "auto"):
+        try:
+            check_compatible(Path(c.resume), verify(Path(c.resume)), run)
+        except CheckpointError as e:
+            raise ConfigError(f"checkpoint.resume={c.resume}: {e.reason}; allowed: auto, null, or a complete checkpoint") from None

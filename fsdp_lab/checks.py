@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 
 from fsdp_lab.config import ConfigError
-from fsdp_lab.probes.memory import PHASES
+from fsdp_lab.memory_phases import PHASES
 
 Verdict = dict  # {"ok": bool | None, "value": ..., "expected": ...}
 

@@ -7,9 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
-
 
 class ConfigError(ValueError):
     """A user's mistake in the configuration; printed as one line, exit code 2."""
@@ -62,123 +59,6 @@ class ModelConfig:
     """torch.compile each block before sharding, and the loss (fsdp_lab.step.compiled_loss_fn)."""
     freeze: Optional[str] = None
     """Regex over parameter names; matching parameters get requires_grad=False (fine-tuning)."""
-
-
-@dataclass
-class TransformerConfig(ModelConfig):
-    name: str = "transformer"
-    dim: int = bounded(64, ge=1)
-    """Model width (embedding and residual stream)."""
-    n_layers: int = bounded(2, ge=1)
-    """Transformer blocks."""
-    n_heads: int = bounded(4, ge=1)
-    """Attention heads; must divide dim."""
-    ffn_dim: int = bounded(128, ge=1)
-    """Hidden size of each block's SwiGLU MLP."""
-    vocab_size: int = bounded(256, ge=2)
-    """Token vocabulary."""
-    tie_embeddings: bool = False
-    """Share the token embedding with the output projection."""
-    norm_eps: float = bounded(1e-5, gt=0)
-    """RMSNorm epsilon."""
-    layer_order: Optional[list[int]] = None
-    """The blocks' call order in forward, repeats allowed: [0, 0, 1] runs block 0 twice (a module used
-    several times in one forward); null = each block once, in order."""
-    kernels: bool = True
-    """Eager blocks on a GPU run the rotary and SwiGLU in the lab's Triton kernels (fsdp_lab/models/kernels/);
-    false: PyTorch's elementwise ops everywhere (SwiGLU's gate gradient then rounds exactly as theirs)."""
-
-
-@dataclass
-class MLPConfig(ModelConfig):
-    name: str = "mlp"
-    dim: int = bounded(16, ge=1)
-    """Input features, which are also the output classes."""
-    ffn_dim: int = bounded(64, ge=1)
-    """Hidden units; odd sizes allowed (uneven shards)."""
-
-
-@dataclass
-class MLPStackConfig(MLPConfig):
-    name: str = "mlp_stack"
-    n_layers: int = bounded(3, ge=1)
-    """MLPs in sequence, each a block."""
-    layer_order: Optional[list[int]] = None
-    """The blocks' call order in forward, repeats allowed; null = each block once, in order."""
-
-
-@dataclass
-class ConvNetConfig(ModelConfig):
-    name: str = "convnet"
-    dim: int = bounded(16, ge=1)
-    """Channels of every conv block."""
-    n_layers: int = bounded(3, ge=1)
-    """Conv blocks."""
-    vocab_size: int = bounded(10, ge=2)
-    """Output classes."""
-    image_size: int = bounded(16, ge=1)
-    """Square input side in pixels."""
-
-
-@dataclass
-class UnusedInputConfig(ModelConfig):
-    name: str = "unused_input"
-    dim: int = bounded(4, ge=1)
-    """Features in and out of each of the three linears."""
-
-
-@dataclass
-class MultiTraversalConfig(ModelConfig):
-    name: str = "multi_traversal"
-    dim: int = bounded(5, ge=1)
-    """Features in and out of each linear."""
-    n_layers: int = bounded(10, ge=1)
-    """Iterations of the forward's loop (each runs layer_with_grad twice)."""
-
-
-@dataclass
-class ViTConfig(ModelConfig):
-    name: str = "vit"
-    dim: int = bounded(16, ge=1)
-    """Patch embedding width."""
-    ffn_dim: int = bounded(32, ge=1)
-    """Hidden units of the encoder's MLP."""
-    vocab_size: int = bounded(10, ge=2)
-    """Output classes."""
-    image_size: int = bounded(16, ge=4)
-    """Square input side in pixels (patches of 4)."""
-
-
-@dataclass
-class CustomConfig(ModelConfig):
-    name: str = "custom"
-    build: dict[str, Any] = field(default_factory=dict)
-    """Hydra instantiate node: `_target_` (an importable nn.Module class or a function returning one)
-    and its keyword arguments. The module maps the inputs to logits."""
-    blocks: Optional[str] = None
-    """Dotted attribute path to the repeated blocks (an nn.ModuleList or list of modules), e.g.
-    transformer.h; null = no blocks (the root is the only FSDP unit)."""
-    inputs: str = choice("tokens", "tokens", "features")
-    """tokens: int ids < vocab_size of shape (batch, train.seq_len), logits (batch, seq, vocab), next-token
-    targets; features: floats of shape (batch, *features), logits (batch, classes), class targets."""
-    vocab_size: int = bounded(256, ge=2)
-    """For inputs=tokens: the vocabulary."""
-    features: list[int] = field(default_factory=lambda: [16])
-    """For inputs=features: the shape of one sample."""
-    classes: int = bounded(16, ge=2)
-    """For inputs=features: the classes the logits score."""
-
-
-@dataclass
-class HFConfig(ModelConfig):
-    name: str = "hf"
-    model_type: Optional[str] = None
-    """A transformers model_type (llama, qwen2, mistral, gemma, gpt_neox, ...): its config's defaults,
-    with model.config on top."""
-    config_path: Optional[str] = None
-    """Instead of model_type: a local directory (or config.json) of a checkpoint; no weights are read."""
-    config: dict[str, Any] = field(default_factory=dict)
-    """Overrides of the transformers config (hidden_size, num_hidden_layers, ...)."""
 
 
 @dataclass
@@ -465,6 +345,14 @@ class FaultConfig:
 
 
 @dataclass
+class SweepConfig:
+    objective: Optional[str] = None
+    """The figure a run returns to a Hydra sweeper (hydra/sweeper=optuna), read from its summary.json:
+    final_loss, perf/tokens_per_s, perf/step_time_s, perf/mfu, memory/peak_mib, ... (fsdp_lab/objective.py);
+    null = the run returns nothing. The direction is the sweeper's (hydra.sweeper.direction)."""
+
+
+@dataclass
 class PlanConfig:
     """mode=plan: rank the ways to shard the model on plan.gpus GPUs by predicted tokens/s."""
 
@@ -505,6 +393,26 @@ class EstimateConfig:
 
 
 @dataclass
+class Float8Config:
+    """Float8 training with torchao (fsdp_lab/parallel/float8.py): nn.Linear layers swapped for
+    torchao's Float8Linear before TP and FSDP, as torchtitan converts them."""
+
+    recipe: str = choice("none", "none", "tensorwise", "rowwise")
+    """none = bf16/fp32 linears; tensorwise = one scale per tensor (the fastest, and the one whose
+    weights FSDP2 can all-gather in float8); rowwise = a scale per row (closer to bf16, slower)."""
+    fsdp_all_gather: bool = False
+    """tensorwise with FSDP2: cast the sharded weights to float8 before the all-gather (half bf16's
+    bytes), their scales precomputed in one all-reduce after every optimizer step."""
+    skip: list[str] = field(default_factory=lambda: ["output"])
+    """Linears kept in high precision: a module whose name (as in the model, e.g. layers.0.attention.wq)
+    equals or ends with `.`+an entry, or starts with an entry + `.`; the output projection by default,
+    as torchtitan keeps it."""
+    parity_tolerance: float = bounded(0.02, gt=0)
+    """With a recipe: the loss drift from the high-precision DDP reference that parity accepts (the
+    parameter and gradient-norm tolerance is 10x this, as for every dtype); float8 rounds to 3 mantissa bits."""
+
+
+@dataclass
 class RunConfig:
     """The root of a run's configuration (conf/config.yaml composes onto it)."""
 
@@ -521,7 +429,16 @@ class RunConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     estimate: EstimateConfig = field(default_factory=EstimateConfig)
+    float8: Float8Config = field(default_factory=Float8Config)
+    layout: str = choice("config", "config", "auto")
+    """config = the mesh, AC, microbatches and resharding as configured; auto = before any rank starts,
+    take the best fitting layout mode=plan predicts for the GPUs this run uses, keeping every key set
+    on the command line (fsdp_lab/layout_auto.py)."""
+    layout_auto: Optional[dict[str, Any]] = None
+    """Set by layout=auto before the ranks start, not by users: what it chose (or why it kept the
+    config's layout) and the plan's prediction; summary.json's `layout`."""
     device: str = choice("auto", "auto", "cpu", "cuda")
     """auto = CUDA + NCCL when GPUs are visible, else CPU + gloo."""
     mode: str = choice("train", "train", "estimate", "plan")
@@ -536,41 +453,8 @@ class RunConfig:
     reduce_scatter_per_step:N, all_reduce_per_step:N."""
 
 
-def register_schema() -> None:
-    """Make `run_schema` available to conf/config.yaml's defaults list, and each model family's config
-    as `/schema/model/NAME` to its conf/model/NAME.yaml."""
-    from fsdp_lab.models import SPECS  # the models import this module
-
-    store = ConfigStore.instance()
-    store.store(name="run_schema", node=RunConfig)
-    for name, spec in SPECS.items():
-        store.store(group="schema/model", name=name, node=_model_schema(spec.config))
-
-
-def _model_schema(config: type) -> DictConfig:
-    """The family's structured config; its dict fields (a transformers config, a Hydra instantiate
-    node) take new keys without `+`, as `model.config.hidden_size=256`."""
-    node = OmegaConf.structured(config)
-    for f in fields(config):
-        if isinstance(getattr(config(), f.name), dict):
-            OmegaConf.set_struct(node[f.name], False)
-    return node
-
-
-def to_run_config(cfg: DictConfig) -> RunConfig:
-    """The composed DictConfig as a typed RunConfig, every interpolation resolved.
-
-    Merging onto the schema again (the model's family config for `model`) catches keys that Hydra
-    lets through with `+key=` overrides."""
-    from fsdp_lab.models import model_spec
-
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    plain.pop("hydra", None)
-    family = model_spec(plain.get("model", {}).get("name", ModelConfig.name)).config
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), {"model": _model_schema(family)}, plain)
-    except Exception as e:  # omegaconf's errors span lines; the first names the key and value
-        raise ConfigError(str(e).splitlines()[0]) from None
-    run = OmegaConf.to_object(merged)
-    check_fields(run)
-    return run
+def show(value) -> str:
+    """A value as it is written in an override."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else str(value)

@@ -16,7 +16,7 @@ import sys
 import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 
-from fsdp_lab.probes.memory import PHASES
+from fsdp_lab.memory_phases import PHASES
 
 
 def _lines(title: str, *keys: str, log_y: bool = False) -> wr.LinePlot:

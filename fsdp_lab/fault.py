@@ -11,8 +11,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from fsdp_lab.config import FaultConfig
-from fsdp_lab.probes.parity import unwrap
+from fsdp_lab.config import ConfigError, FaultConfig, RunConfig
+from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.models import build_meta
+from fsdp_lab.modules import unwrap
 
 
 class Faults:
@@ -50,3 +52,27 @@ class Faults:
         for p in module.parameters():
             if p.grad is not None:
                 (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).add_(1.0)
+
+
+def _check_corrupt_grad(run: RunConfig) -> None:
+    f = run.fault
+    if f.phase != "step":
+        raise ConfigError(f"fault.phase={f.phase} with fault.kind=corrupt_grad: gradients exist during a step; allowed: step")
+    if run.mesh.engine == "fsdp1" and not run.fsdp.use_orig_params:
+        raise ConfigError("fault.kind=corrupt_grad with mesh.engine=fsdp1: its modules' gradients live in flat parameters; allowed with fsdp.use_orig_params=true")
+    model = build_meta(run.model)
+    names = [name for name, m in model.named_modules() if name and any(True for _ in m.parameters())]
+    if f.module not in names:
+        raise ConfigError(f"fault.module={f.module}: not a module with parameters of model.name={run.model.name}; allowed: a module holding parameters, e.g. {names[0]}, {names[-1]}")
+
+
+def check_fault(run: RunConfig, dims: ParallelDims) -> None:
+    f = run.fault
+    if f.kill_rank is not None and f.kill_rank >= dims.world_size:
+        raise ConfigError(f"fault.kill_rank={f.kill_rank}: must be a rank in 0..{dims.world_size - 1}")
+    if (f.kill_rank is None) != (f.at_step is None):
+        raise ConfigError("fault.kill_rank and fault.at_step: set both or neither")
+    if (f.kind == "corrupt_grad") != (f.module is not None):
+        raise ConfigError(f"fault.module={f.module} with fault.kind={f.kind}: fault.kind=corrupt_grad needs fault.module=PATH, and only it takes one")
+    if f.kind == "corrupt_grad":
+        _check_corrupt_grad(run)

@@ -9,6 +9,9 @@ import re
 import torch
 from torch import nn
 
+from fsdp_lab.config import ConfigError, RunConfig
+from fsdp_lab.parallel.wrap import wrap_units
+
 
 def frozen_names(model: nn.Module, pattern: str | None) -> list[str]:
     """Names of the parameters `pattern` matches (re.search, so `layers\\.0\\.` freezes the first layer)."""
@@ -45,3 +48,34 @@ def mixed_units(model: nn.Module, units: list[nn.Module], pattern: str) -> list[
                 unit = ".".join(path[: i + 1])
         owner.setdefault(unit, set()).add(name in frozen)
     return [unit or "(root)" for unit, kinds in owner.items() if len(kinds) > 1]
+
+
+def check_freeze(run: RunConfig, model) -> None:
+    pattern = run.model.freeze
+    if pattern is None:
+        return
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ConfigError(f"model.freeze={pattern}: not a regular expression ({e})") from None
+    names, frozen = [n for n, _ in model.named_parameters()], frozen_names(model, pattern)
+    if not frozen or len(frozen) == len(names):
+        raise ConfigError(
+            f"model.freeze={pattern}: matches {len(frozen)} of the {len(names)} parameters of model.name={run.model.name}; "
+            f"allowed: a regex matching some but not all of {', '.join(names[:4])}, ..."
+        )
+    if run.probes.memory.tracker == "module":
+        # torch's (FSDP)MemTracker registers a gradient hook on every parameter, which a frozen one refuses.
+        raise ConfigError(
+            f"model.freeze={pattern} with probes.memory.tracker=module: torch's module tracker cannot follow frozen "
+            "parameters; allowed: probes.memory.tracker=none (the per-phase probe works)"
+        )
+    if run.mesh.engine == "fsdp1" and not run.fsdp.use_orig_params:
+        mixed = mixed_units(model, wrap_units(model, run.wrap), pattern)
+        if mixed:
+            raise ConfigError(
+                f"model.freeze={pattern} with mesh.engine=fsdp1 and fsdp.use_orig_params=false: FSDP units "
+                f"{', '.join(mixed)} mix frozen and trainable parameters in one flat parameter; allowed: "
+                "fsdp.use_orig_params=true, a wrap.policy giving frozen parameters their own units (e.g. linear), "
+                "or a pattern freezing whole units"
+            )

@@ -7,10 +7,10 @@ import copy
 
 from omegaconf import DictConfig, open_dict, read_write
 
-from fsdp_lab.config import to_run_config
+from fsdp_lab.compose import to_run_config
 from fsdp_lab.dist import default_world_size, resolve_device_type
-from fsdp_lab.mesh import ParallelDims
-from fsdp_lab.validate import check_run, prepare, requested_world_size
+from fsdp_lab.mesh import ParallelDims, requested_world_size
+from fsdp_lab.validate import check_run, prepare
 
 
 def task_config(cfg: DictConfig) -> DictConfig:
@@ -34,6 +34,6 @@ def cluster_world_size(cfg: DictConfig, *, gpus_per_node: int | None, nodes: int
     run = to_run_config(task_config(cfg))
     m = run.mesh
     world = requested_world_size(m, gpus_per_node * nodes if gpus_per_node else default_world_size("cpu", m.cpu_world_size))
-    dims = ParallelDims.resolve(pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, world_size=world)
+    dims = ParallelDims.from_mesh(m, world)
     check_run(run, dims, "cuda" if gpus_per_node else "cpu")
     return world

@@ -5,12 +5,40 @@ which dimensions are on and gets the sub-mesh it needs."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
 from fsdp_lab.config import ConfigError
 
 MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
+FILLED = "dp_shard"  # the degree -1 fills from the world size
+_FIXED = tuple(name for name in MESH_DIM_NAMES if name != FILLED)
+
+
+def degrees(mesh) -> dict[str, int]:
+    """{name: degree} of anything with an attribute per mesh dimension (MeshConfig, Layout, ParallelDims)."""
+    return {name: getattr(mesh, name) for name in MESH_DIM_NAMES}
+
+
+def ranks(mesh) -> int:
+    """The ranks `mesh`'s degrees multiply to (dp_shard=-1 not filled in: a negative product)."""
+    return math.prod(degrees(mesh).values())
+
+
+def requested_world_size(mesh, default: int) -> int:
+    """The ranks a mesh config asks for: the product of its degrees, or `default` (mesh.world_size when
+    set) when dp_shard=-1 fills any world."""
+    if getattr(mesh, FILLED) == -1:
+        return mesh.world_size or default
+    world = ranks(mesh)
+    if mesh.world_size is not None and mesh.world_size != world:
+        raise ConfigError(f"mesh.world_size={mesh.world_size}, but {_spelled(degrees(mesh), MESH_DIM_NAMES)} = {world}")
+    return world
+
+
+def _spelled(d: dict[str, int], names) -> str:
+    return " x ".join(f"{name}={d[name]}" for name in names)
 
 
 @dataclass(frozen=True)
@@ -22,27 +50,32 @@ class ParallelDims:
     world_size: int
 
     @classmethod
-    def resolve(cls, *, pp: int, dp_replicate: int, dp_shard: int, tp: int, world_size: int) -> ParallelDims:
-        """Fill dp_shard=-1 from the world size and check that the degrees multiply to it."""
-        for key, value in (("pp", pp), ("dp_replicate", dp_replicate), ("tp", tp)):
-            if value < 1:
-                raise ConfigError(f"mesh.{key}={value}: must be >= 1")
-        fixed = pp * dp_replicate * tp
-        if dp_shard == -1:
+    def from_mesh(cls, mesh, world_size: int) -> ParallelDims:
+        """The degrees `mesh` names (anything with an attribute per MESH_DIM_NAMES: the run's
+        MeshConfig, a planned Layout) over `world_size` ranks."""
+        return cls.resolve(world_size, **degrees(mesh))
+
+    @classmethod
+    def resolve(cls, world_size: int, **given: int) -> ParallelDims:
+        """Degrees by name (a missing one is 1; dp_shard=-1 or missing fills the world size), checked
+        to multiply to world_size."""
+        d = {name: given.get(name, -1 if name == FILLED else 1) for name in MESH_DIM_NAMES}
+        for key in _FIXED:
+            if d[key] < 1:
+                raise ConfigError(f"mesh.{key}={d[key]}: must be >= 1")
+        fixed = math.prod(d[key] for key in _FIXED)
+        if d[FILLED] == -1:
             if world_size % fixed:
                 raise ConfigError(
-                    f"mesh: pp={pp} x dp_replicate={dp_replicate} x tp={tp} = {fixed} does not divide "
-                    f"the world size {world_size}, so mesh.dp_shard=-1 cannot fill it"
+                    f"mesh: {_spelled(d, _FIXED)} = {fixed} does not divide "
+                    f"the world size {world_size}, so mesh.{FILLED}=-1 cannot fill it"
                 )
-            dp_shard = world_size // fixed
-        elif dp_shard < 1:
-            raise ConfigError(f"mesh.dp_shard={dp_shard}: must be >= 1, or -1 to fill the world size")
-        if fixed * dp_shard != world_size:
-            raise ConfigError(
-                f"mesh: pp={pp} x dp_replicate={dp_replicate} x dp_shard={dp_shard} x tp={tp} = "
-                f"{fixed * dp_shard}, but the world size is {world_size}"
-            )
-        return cls(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, world_size=world_size)
+            d[FILLED] = world_size // fixed
+        elif d[FILLED] < 1:
+            raise ConfigError(f"mesh.{FILLED}={d[FILLED]}: must be >= 1, or -1 to fill the world size")
+        if fixed * d[FILLED] != world_size:
+            raise ConfigError(f"mesh: {_spelled(d, MESH_DIM_NAMES)} = {fixed * d[FILLED]}, but the world size is {world_size}")
+        return cls(**d, world_size=world_size)
 
     @property
     def dp(self) -> int:

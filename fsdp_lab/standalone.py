@@ -14,7 +14,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from fsdp_lab.probes.parity import unwrap
+from fsdp_lab.config import ConfigError, RunConfig, show
+from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.models import families_with
+from fsdp_lab.models.spec import ModelSpec
+from fsdp_lab.modules import unwrap
 from fsdp_lab.step import forward_backward, unmeasured
 
 
@@ -39,3 +43,35 @@ class StandaloneLayer:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss
+
+
+def check_module_calls(run: RunConfig, dims: ParallelDims, device_type: str, spec: ModelSpec, built) -> None:
+    """Settings that call the model's modules in other ways than one forward of the whole model."""
+    model, t, f = run.model, run.train, run.fsdp
+    n_blocks = len(built.blocks)
+    layer_order = getattr(model, "layer_order", None)  # a field of the families whose forward follows it
+    if layer_order is not None:
+        if not layer_order or not all(0 <= i < n_blocks for i in layer_order):
+            raise ConfigError(f"model.layer_order={layer_order}: block indices in 0..{n_blocks - 1} (model.n_layers={n_blocks}), at least one")
+        if run.probes.comm.enabled and len(set(layer_order)) < len(layer_order):
+            # CommDebugMode's module tracker loses its place when a module's forward runs a second time (IndexError).
+            raise ConfigError(f"probes.comm.enabled=true with model.layer_order={layer_order}: CommDebugMode cannot follow a block called twice; allowed: probes.comm.enabled=false")
+    if t.standalone_layer is not None:
+        if not spec.standalone_block:
+            raise ConfigError(f"train.standalone_layer={t.standalone_layer}: needs a block that takes the model's inputs and returns logits; allowed with model.name={families_with('standalone_block')}")
+        if not 0 <= t.standalone_layer < n_blocks:
+            raise ConfigError(f"train.standalone_layer={t.standalone_layer}: a block index in 0..{n_blocks - 1} (model.n_layers={n_blocks})")
+        if run.mesh.engine == "fsdp1":
+            raise ConfigError(f"train.standalone_layer={t.standalone_layer} with mesh.engine=fsdp1: an inner FSDP1 unit cannot run alone; allowed: mesh.engine=fsdp2|ddp")
+    if run.wrap.group > 1:
+        for key, value in (("model.layer_order", layer_order), ("train.standalone_layer", t.standalone_layer)):
+            if value is not None:
+                # A group is gathered once for its modules' forwards in order; a block run again or alone is not.
+                raise ConfigError(f"{key}={show(value)} with wrap.group={run.wrap.group}: grouped units run each block once, in order; allowed: wrap.group=1")
+    if dims.pp_enabled:
+        for key, value in (("model.layer_order", layer_order), ("train.standalone_layer", t.standalone_layer),
+                           ("fsdp.cast_after_sharding", f.cast_after_sharding), ("fsdp.post_optim_event", f.post_optim_event or None)):
+            if value is not None:
+                raise ConfigError(f"{key}={show(value)} with mesh.pp={dims.pp}: pipeline stages run the blocks in order, once, and own their optimizer hooks; allowed with mesh.pp=1")
+    if f.cast_after_sharding == "float16" and device_type == "cpu":
+        raise ConfigError("fsdp.cast_after_sharding=float16: not supported on CPU; allowed here: float64, float32, bfloat16, null")

@@ -17,11 +17,18 @@ SCHEMA: dict[str, str] = {
     "device": "cpu | cuda",
     "mesh": "{pp, dp_replicate, dp_shard, tp, engine}",
     "final_loss": "the last step's loss (mean over data-parallel ranks)",
+    "layout": "layout=auto: what it chose before the ranks started (absent with layout=config)",
+    "layout.mode": "auto",
+    "layout.device": "the plan's device table, or null where none describes the GPUs (CPU)",
+    "layout.gpus": "the GPUs planned for",
+    "layout.chosen": "{overrides: the candidate's keys applied, kept: the command line's keys it agreed with}, or null (the config's layout kept)",
+    "layout.reason": "why the config's layout was kept",
+    "layout.predicted": "the plan's step_time_s, peak_mib and tokens_per_s_per_gpu for the chosen layout",
     "parity": "the parity probe's verdict; {enabled: false} when it is off",
     "parity.enabled": "whether the probe ran",
     "parity.ok": "every figure within its tolerance",
     "parity.reference": "ddp-<dtype>",
-    "parity.tolerance": "loss tolerance (by compute dtype)",
+    "parity.tolerance": "loss tolerance (by compute dtype; with float8 linears float8.parity_tolerance, a drift from the high-precision reference)",
     "parity.param_tolerance": "parameter and gradient-norm tolerance",
     "parity.max_loss_abs_diff": "largest |loss - reference loss| over steps",
     "parity.max_param_abs_diff": "largest |parameter shard - reference slice|",
@@ -71,6 +78,7 @@ def base_summary(run: RunConfig, dims: ParallelDims, device: str) -> dict:
     return {
         "status": "running", "error": None, "steps": 0, "world_size": dims.world_size, "device": device,
         "mesh": {**dims.as_dict(), "engine": run.mesh.engine},
+        **({"layout": run.layout_auto} if run.layout_auto is not None else {}),
     }
 
 

@@ -20,7 +20,7 @@ from fsdp_lab.data import DataPosition, microbatches
 from fsdp_lab.fault import Faults
 from fsdp_lab.optim import Optimization, Optimized
 from fsdp_lab.probes.base import Probe, StepResult
-from fsdp_lab.probes.parity import unwrap
+from fsdp_lab.modules import unwrap
 from fsdp_lab.step import IN_FLIGHT_AFTER, forward_backward, global_mean, loss_fn, mean_of, sum_over, train_step, unmeasured
 
 log = logging.getLogger(__name__)

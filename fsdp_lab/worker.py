@@ -31,6 +31,7 @@ from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import build_meta, count_params, materializer, model_spec
 from fsdp_lab.optim import Optimization
 from fsdp_lab.parallel import parallelize
+from fsdp_lab.parallel.float8 import precompute_scales_after_step
 from fsdp_lab.parallel.fsdp2 import cast_after_sharding, record_post_optim_event
 from fsdp_lab.parallel.pipeline import build_pipeline
 from fsdp_lab.probes.base import Probe, ProbeSetup
@@ -162,6 +163,8 @@ def build_trainer(run: RunConfig, dims: ParallelDims, ctx: DistContext, on_step,
     optim = Optimization.build(model, run.optim, run.train.steps, ctx.device, pp_group=pp_group)
     if run.fsdp.post_optim_event:
         record_post_optim_event(model, optim.optimizer, ctx.device)
+    if run.float8.fsdp_all_gather:
+        precompute_scales_after_step(model, optim.optimizer)
     if ctx.is_main:
         log.info("model %s: %.2fM params, mesh %s, engine %s", run.model.name, n_params / 1e6, dims.as_dict(), run.mesh.engine)
     extras = [] if run.train.standalone_layer is None else [StandaloneLayer(run.train.standalone_layer, dp_mesh.get_group())]

@@ -12,7 +12,7 @@ import sys
 from torch import nn
 
 from fsdp_lab.checks import evaluate
-from fsdp_lab.probes.parity import unwrap
+from fsdp_lab.modules import unwrap
 from fsdp_lab.summary import probe_sections
 from matrix_rank import run_matrix
 from training import train

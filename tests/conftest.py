@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pytest
 
-# The test helpers (tests/lab.py, tests/compose.py, ...) import as top-level modules.
+# The test helpers (tests/in_process.py, tests/worlds.py, ...) import as top-level modules.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lab import LAUNCHERS  # noqa: E402
+from fsdp_lab.cli_process import LAUNCHERS  # noqa: E402
 
 # In-process composition needs the launcher plugins too (conf/config.yaml selects hydra/launcher=torchrun).
 sys.path.insert(0, str(LAUNCHERS))
-import compose  # noqa: E402
+from fsdp_lab import compose  # noqa: E402
 import worlds  # noqa: E402
 from tiers import MARKER, in_process_only  # noqa: E402
 

@@ -15,7 +15,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest import mock
 
-from lab import LabRun, lab_run
+from fsdp_lab.cli_process import LabRun, lab_run
 from worlds import free_port
 
 

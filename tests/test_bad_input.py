@@ -14,7 +14,7 @@ import pytest
 
 from fsdp_lab.config import ModelConfig, RunConfig
 from in_process import run_lab_here
-from lab import run_lab
+from fsdp_lab.cli_process import run_lab
 
 pytestmark = pytest.mark.bad_input
 
@@ -101,6 +101,11 @@ CATALOGUE = [
      "error: mesh.tp=2: model.model_type=gpt2 declares no tensor-parallel plan (base_model_tp_plan); allowed: mesh.tp=1"),
     ("model=hf model.model_type=gemma mesh=tp2d mesh.world_size=2",
      "error: model.config.tie_word_embeddings=true with mesh.tp=2: the embedding and the output would each distribute the shared weight"),
+    ("sweep.objective=loss", "error: sweep.objective=loss: one of final_loss, perf/tokens_per_s, perf/step_time_s"),
+    ("sweep.objective=perf/tokens_per_s probes.perf.enabled=false",
+     "error: sweep.objective=perf/tokens_per_s: needs probes.perf.enabled=true"),
+    ("sweep.objective=memory/peak_mib mode=estimate mesh.dp_shard=2",
+     "error: sweep.objective=memory/peak_mib: only a training run returns a figure, not mode=estimate"),
     # Found by the generative test of the configuration space (tests/test_config_space.py): user code's
     # exceptions, names that resolve to nothing, faults that cannot fire, modes that crashed where train runs.
     (f"{LLAMA} model.config.hidden_size=30 model.config.num_attention_heads=4", "error: model.model_type=llama: ValueError: The hidden size (30) is not a multiple of the number of attention heads (4)."),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fsdp_lab.checks import CHECKS, COUNT_CHECKS, evaluate, parse
-from fsdp_lab.config import ConfigError, MLPStackConfig
+from fsdp_lab.config import ConfigError
+from fsdp_lab.models.mlp import MLPStackConfig
 from fsdp_lab.freeze import freeze, frozen_names, mixed_units
 from fsdp_lab.models import build_model
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_lab.config import ConfigError
-from fsdp_lab.run import CONF_DIR
+from fsdp_lab.compose import CONF_DIR
 
 GROUPS = ["model", "mesh", "wrap", "ac", "checkpoint", "optim", "probes", "logger"]
 
@@ -44,3 +44,16 @@ def test_defaults_are_the_documented_default_experiment(compose_run):
 def test_schema_rejects_unknown_keys_and_choices(compose_run, override, fragment):
     with pytest.raises(ConfigError, match=fragment):
         compose_run(override)
+
+
+def test_every_mode_has_its_checks_and_its_command_in_one_table():
+    """validate.MODES is the one place a mode is looked up (run.py executes from it): every `mode=`
+    the schema allows has an entry, and nothing else does."""
+    from dataclasses import fields
+
+    from fsdp_lab.config import RunConfig
+    from fsdp_lab.validate import MODES
+
+    allowed = next(f for f in fields(RunConfig) if f.name == "mode").metadata["allowed"]
+    assert set(MODES) == set(allowed)
+    assert all(callable(m.check) and callable(m.execute) for m in MODES.values())

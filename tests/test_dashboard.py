@@ -7,7 +7,7 @@ import json
 import wandb_workspaces.reports.v2 as wr
 
 from fsdp_lab.dashboard import workspace_layout
-from fsdp_lab.probes.memory import PHASES
+from fsdp_lab.memory_phases import PHASES
 
 PHASE_KEYS = [f"memory/{p}_mib" for p in PHASES]
 # What the sink writes: history keys (metrics.jsonl) and summary keys (summary.json nested, or W&B's

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from lab import REPO, lab_env, run_lab
+from fsdp_lab.cli_process import REPO, lab_env, run_lab
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 

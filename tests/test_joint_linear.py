@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmark_scripts import load
-from fsdp_lab.config import TransformerConfig
+from fsdp_lab.models.transformer import TransformerConfig
 from fsdp_lab.models.joint_linear import joint_linear
 from fsdp_lab.models.transformer import Transformer
 

@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor, Shard
 from fsdp_lab.models.kernels import rotary, swiglu
 from fsdp_lab.models.kernels.launch import as_on_a_gpu, watching_launches
 from autograd_saved import saved_by
-from compose import compose_run
+from fsdp_lab.compose import compose_run
 from fsdp_lab.models import build_plain
 from fsdp_lab.models.transformer import FeedForward
 from fsdp_lab.plan.trace import OpRecorder

@@ -11,14 +11,14 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.optim.optimizer import _default_to_fused_or_foreach
 
-import compose
+from fsdp_lab import compose
 from autograd_saved import saved_by
 from fsdp_lab.config import ConfigError, OptimConfig
 from fsdp_lab.estimate import estimate
 from fsdp_lab.estimate.cuda_kernels import SUBSTITUTED, cuda_kernels
 from fsdp_lab.estimate.pipeline import schedule_order
 from fsdp_lab.optim import build_optimizer
-from fsdp_lab.probes.memory import PHASES
+from fsdp_lab.memory_phases import PHASES
 from fsdp_lab.probes.memory_breakdown import BREAKDOWN_JSON, BREAKDOWN_TABLE
 from in_process import run_lab_here
 from warm_lab import run_lab_warm

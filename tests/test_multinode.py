@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lab import REPO, lab_env
+from fsdp_lab.cli_process import REPO, lab_env
 from worlds import free_port
 
 pytestmark = pytest.mark.slow

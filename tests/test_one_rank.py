@@ -11,7 +11,7 @@ import pytest
 
 from fsdp_lab.checkpoint import complete_checkpoints, step_dir_name, verify
 from fsdp_lab.checks import evaluate
-from fsdp_lab.probes.memory import PHASES
+from fsdp_lab.memory_phases import PHASES
 from fsdp_lab.summary import probe_sections
 from in_process import run_lab_here
 from training import train

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from fsdp_lab.config import ConfigError
-from fsdp_lab.mesh import MESH_DIM_NAMES, ParallelDims
+from fsdp_lab.config import ConfigError, MeshConfig
+from fsdp_lab.mesh import MESH_DIM_NAMES, ParallelDims, degrees, ranks, requested_world_size
+from fsdp_lab.plan.cost import Layout
 
 
-def dims(world_size: int, pp: int = 1, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1) -> ParallelDims:
-    return ParallelDims.resolve(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, world_size=world_size)
+def dims(world_size: int, **given: int) -> ParallelDims:
+    return ParallelDims.from_mesh(MeshConfig(**given), world_size)
 
 
 @pytest.mark.parametrize(
@@ -61,3 +62,29 @@ def test_meshes_are_named_4d_with_a_flattened_dp(fake_group):
     assert fsdp_mesh.mesh_dim_names == ("dp_replicate", "dp_shard") and tuple(fsdp_mesh.shape) == (2, 2)
     # Rank 0's groups: tp neighbours are adjacent ranks, dp ranks stride over tp.
     assert mesh["tp"].mesh.tolist() == [0, 1] and dp_mesh.mesh.tolist() == [0, 2, 4, 6]
+
+
+def test_every_kind_of_mesh_description_resolves_the_same_way():
+    """The run's mesh config, a planned layout and resolved dims all name their degrees alike, so a
+    caller never spells them out (a new mesh dimension is added in MESH_DIM_NAMES, not at each caller)."""
+    config = MeshConfig(pp=2, dp_replicate=1, dp_shard=-1, tp=2)
+    layout = Layout(pp=2, dp_replicate=1, dp_shard=2, tp=2, ac="none", microbatches=1, microbatch_size=1, reshard=True)
+    resolved = ParallelDims.from_mesh(config, 8)
+    assert ParallelDims.from_mesh(layout, layout.world) == resolved == ParallelDims.from_mesh(resolved, 8)
+    assert degrees(resolved) == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 2} and list(degrees(resolved)) == list(MESH_DIM_NAMES)
+    assert ranks(resolved) == layout.world == 8
+    assert ParallelDims.resolve(8) == ParallelDims.from_mesh(MeshConfig(dp_shard=-1), 8)  # missing degrees are 1, dp_shard fills
+
+
+@pytest.mark.parametrize(
+    "given,default,world",
+    [({"dp_shard": -1}, 6, 6), ({"dp_shard": -1, "world_size": 4}, 6, 4), ({"dp_shard": 2, "tp": 2}, 6, 4),
+     ({"dp_shard": 2, "tp": 2, "world_size": 4}, 6, 4)],
+)
+def test_the_world_a_mesh_config_asks_for(given, default, world):
+    assert requested_world_size(MeshConfig(**given), default) == world
+
+
+def test_a_world_size_that_contradicts_the_degrees_is_refused_naming_them():
+    with pytest.raises(ConfigError, match=r"^mesh.world_size=8, but pp=1 x dp_replicate=1 x dp_shard=2 x tp=2 = 4$"):
+        requested_world_size(MeshConfig(dp_shard=2, tp=2, world_size=8), 2)

@@ -21,7 +21,7 @@ from fsdp_lab.dist import DistContext
 from fsdp_lab.models import build_model, count_params
 from fsdp_lab.parallel.pipeline import PipelinedModel
 from fsdp_lab.parallel.wrap import wrap_units
-from fsdp_lab.probes.parity import unwrap
+from fsdp_lab.modules import unwrap
 from fsdp_lab.step import loss_fn
 from fsdp_lab.worker import build_trainer
 

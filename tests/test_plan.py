@@ -14,10 +14,11 @@ import time
 import pytest
 
 from benchmark_scripts import load
-from compose import compose_run
+from fsdp_lab.calibrate.host import DEPTHS, ROUNDS, Counts, fit_host, host_runs, host_times, run_name, widths
+from fsdp_lab.compose import compose_run
 from fsdp_lab.plan.cost import COMPILED_ELEMENTWISE, Layout, group_link, price, step_time
 from fsdp_lab.plan.device import Device, load_device
-from fsdp_lab.plan.host import DEPTHS, ROUNDS, Counts, fit_host, host_runs, host_times, kernel_s, run_name, widths
+from fsdp_lab.plan.host import kernel_s
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.run import PLAN_FILE, plan, run_plan
 from fsdp_lab.plan.search import _estimable, estimated_peak_mib, layouts, meshes, rank
@@ -349,7 +350,7 @@ def test_the_profiler_split_counts_matmuls_apart_from_elementwise_work():
     elementwise, a block has both."""
     import torch
 
-    from fsdp_lab.plan.elementwise import block_pass, device_seconds
+    from fsdp_lab.calibrate.elementwise import block_pass, device_seconds
     from fsdp_lab.models.transformer import TransformerBlock
 
     cpu = torch.device("cpu")
@@ -383,7 +384,9 @@ def test_a_slow_host_makes_the_step_host_bound(planned):
 def test_calibration_times_the_trainer_s_optimizer_step_per_parameter():
     import torch
 
-    timed = load("calibrate_device").optimizer_step(torch.device("cpu"), (4096, 1024, 64), iters=1)
+    from fsdp_lab.calibrate.kernels import optimizer_step
+
+    timed = optimizer_step(torch.device("cpu"), (4096, 1024, 64), iters=1)
     assert (timed["params"], timed["tensors"]) == (5184, 3) and timed["s"] > 0
     assert timed["s_per_param"] == pytest.approx(timed["s"] / 5184)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from benchmark_scripts import load
-import compose
+from fsdp_lab import compose
 from fsdp_lab.estimate import estimate
 
 TINY = ["model.dim=128", "model.n_layers=2", "model.n_heads=4", "model.ffn_dim=256", "model.vocab_size=512",

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from fsdp_lab.plan.device import load_device
-from fsdp_lab.plan.host import DEPTHS, fit_widths, host_figures, run_name, traced_counts, widths
+from fsdp_lab.calibrate.host import DEPTHS, fit_widths, run_name, traced_counts, widths
+from fsdp_lab.plan.host import host_figures
 
 NARROW = {"dim": 768, "block_kernel_s": 1e-3, "op_s": 4e-6, "step_s": 2e-3, "ac_block_s": 5e-4}
 WIDE = {"dim": 2304, "block_kernel_s": 4e-3, "op_s": 6e-6, "step_s": 3e-3}  # no AC figure: the other width's is read

@@ -1,4 +1,4 @@
-"""`calibrate_device.py --refit` (fsdp_lab/plan/refit.py): a device table's fitted figures again from
+"""`calibrate_device.py --refit` (fsdp_lab/calibrate/refit.py): a device table's fitted figures again from
 its stored measurements by the plan's current trace. The shipped tables must be a fixed point of it:
 a change in what the trace records (ops counted, bytes priced) that leaves them unrefitted fails here,
 since their figures would divide measured times by another version's counts."""
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from benchmark_scripts import load
-from fsdp_lab.plan.refit import refit
+from fsdp_lab.calibrate.refit import refit
 from fsdp_lab.plan.trace import traced_on
 
 DEVICES = Path(__file__).resolve().parent.parent / "fsdp_lab" / "plan" / "devices"

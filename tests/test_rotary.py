@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fsdp_lab.config import TransformerConfig
+from fsdp_lab.models.transformer import TransformerConfig
 from fsdp_lab.models.transformer import RotaryTables, Transformer, apply_rotary
 
 

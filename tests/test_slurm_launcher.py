@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from lab import REPO, lab_env, run_lab
+from fsdp_lab.cli_process import REPO, lab_env, run_lab
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

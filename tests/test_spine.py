@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from fsdp_lab.probes.memory import PHASES
-from lab import run_lab
+from fsdp_lab.memory_phases import PHASES
+from fsdp_lab.cli_process import run_lab
 from wandb_records import OfflineRun
 
 pytestmark = pytest.mark.slow

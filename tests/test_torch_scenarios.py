@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from lab import REPO
+from fsdp_lab.cli_process import REPO
 from warm_lab import run_lab_warm
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from in_process import run_lab_here
-from lab import run_lab
+from fsdp_lab.cli_process import run_lab
 
 
 TINY = ["debug=cpu_tiny", "model.n_layers=1", "probes.memory.enabled=false"]

@@ -10,7 +10,8 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from fsdp_lab.config import MLPConfig, TransformerConfig
+from fsdp_lab.models.mlp import MLPConfig
+from fsdp_lab.models.transformer import TransformerConfig
 from fsdp_lab.models import build_model, model_spec
 from fsdp_lab.parallel.tp import apply_tp
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from fsdp_lab.probes.memory import PHASES
+from fsdp_lab.memory_phases import PHASES
 from in_process import run_lab_here
-from lab import lab_env, run_lab
+from fsdp_lab.cli_process import lab_env, run_lab
 from wandb_records import OfflineRun
 
 SECRET = "tok-3f9a1c77e2b04d5e-do-not-log"

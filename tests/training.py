@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compose import compose_run
+from fsdp_lab.compose import compose_run
 from fsdp_lab.config import RunConfig
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.worker import build_trainer
@@ -14,8 +14,7 @@ from fsdp_lab.worker import build_trainer
 def run_and_mesh(overrides: list[str], ctx) -> tuple[RunConfig, ParallelDims]:
     """`overrides` composed, and the run's mesh over every rank."""
     run = compose_run(*overrides)
-    m = run.mesh
-    return run, ParallelDims.resolve(pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, world_size=ctx.world_size)
+    return run, ParallelDims.from_mesh(run.mesh, ctx.world_size)
 
 
 def train(overrides: list[str], ctx, run_dir: Path | None = None):

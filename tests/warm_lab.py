@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lab import REPO, LabRun, lab_env, lab_run
+from fsdp_lab.cli_process import REPO, LabRun, lab_env, lab_run
 
 PRELOAD = ["fsdp_lab.run", "fsdp_lab.spawn", "fsdp_lab.worker", "hydra_plugins.fsdp_lab_launchers._core"]
 _server = multiprocessing.get_context("forkserver")

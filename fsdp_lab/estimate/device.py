@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from fsdp_lab.config import EstimateConfig
-from fsdp_lab.probes.memory import MIB
+from fsdp_lab.memory_phases import MIB
 
 # Total memory CUDA reports (cudaMemGetInfo), GiB.
 KNOWN_DEVICES_GIB = {"h100-80gb": 79.6, "h100-94gb": 93.6, "h200": 140.4, "a100-40gb": 40.0, "a100-80gb": 80.0}

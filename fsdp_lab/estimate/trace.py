@@ -29,7 +29,7 @@ from fsdp_lab.optim import build_optimizer
 from fsdp_lab.parallel import parallelize
 from fsdp_lab.probes.memory import PhaseMemory
 from fsdp_lab.probes.memory_breakdown import ModuleBreakdown, measured
-from fsdp_lab.probes.parity import unwrap
+from fsdp_lab.modules import unwrap
 from fsdp_lab.step import train_step, unmeasured
 
 MEASURED_STEP = 2

@@ -53,3 +53,8 @@ def build_model(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu")
 
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def families_with(capability: str) -> str:
+    """The model families that have `capability` (a ModelSpec field)."""
+    return ", ".join(sorted(name for name, spec in SPECS.items() if getattr(spec, capability)))

@@ -3,12 +3,27 @@ global pooling and a linear classifier."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from fsdp_lab.config import ConvNetConfig
+from fsdp_lab.config import ModelConfig, bounded
 from fsdp_lab.models.spec import ModelSpec
 from fsdp_lab.models.blocks import call_block
+
+
+@dataclass
+class ConvNetConfig(ModelConfig):
+    name: str = "convnet"
+    dim: int = bounded(16, ge=1)
+    """Channels of every conv block."""
+    n_layers: int = bounded(3, ge=1)
+    """Conv blocks."""
+    vocab_size: int = bounded(10, ge=2)
+    """Output classes."""
+    image_size: int = bounded(16, ge=1)
+    """Square input side in pixels."""
 
 
 class ConvNet(nn.Module):

@@ -4,16 +4,38 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from torch import nn
 
-from fsdp_lab.config import ConfigError, CustomConfig
+from fsdp_lab.config import ConfigError, ModelConfig, bounded, choice
 from fsdp_lab.models.foreign import FeatureInputs, ForeignModel, TokenInputs, resolve_blocks
 from fsdp_lab.models.spec import ModelSpec
 from fsdp_lab.user_code import describe
+
+
+@dataclass
+class CustomConfig(ModelConfig):
+    name: str = "custom"
+    build: dict[str, Any] = field(default_factory=dict)
+    """Hydra instantiate node: `_target_` (an importable nn.Module class or a function returning one)
+    and its keyword arguments. The module maps the inputs to logits."""
+    blocks: Optional[str] = None
+    """Dotted attribute path to the repeated blocks (an nn.ModuleList or list of modules), e.g.
+    transformer.h; null = no blocks (the root is the only FSDP unit)."""
+    inputs: str = choice("tokens", "tokens", "features")
+    """tokens: int ids < vocab_size of shape (batch, train.seq_len), logits (batch, seq, vocab), next-token
+    targets; features: floats of shape (batch, *features), logits (batch, classes), class targets."""
+    vocab_size: int = bounded(256, ge=2)
+    """For inputs=tokens: the vocabulary."""
+    features: list[int] = field(default_factory=lambda: [16])
+    """For inputs=features: the shape of one sample."""
+    classes: int = bounded(16, ge=2)
+    """For inputs=features: the classes the logits score."""
 
 
 def build(cfg: CustomConfig) -> ForeignModel:

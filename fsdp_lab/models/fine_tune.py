@@ -10,13 +10,31 @@ linear is a block (one FSDP unit each with wrap=block), the experiment freezes o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from fsdp_lab.config import MultiTraversalConfig, UnusedInputConfig
+from fsdp_lab.config import ModelConfig, bounded
 from fsdp_lab.models.blocks import call_block
 from fsdp_lab.models.mlp import MLP
 from fsdp_lab.models.spec import ModelSpec
+
+
+@dataclass
+class UnusedInputConfig(ModelConfig):
+    name: str = "unused_input"
+    dim: int = bounded(4, ge=1)
+    """Features in and out of each of the three linears."""
+
+
+@dataclass
+class MultiTraversalConfig(ModelConfig):
+    name: str = "multi_traversal"
+    dim: int = bounded(5, ge=1)
+    """Features in and out of each linear."""
+    n_layers: int = bounded(10, ge=1)
+    """Iterations of the forward's loop (each runs layer_with_grad twice)."""
 
 
 class LinearUnusedInput(nn.Linear):

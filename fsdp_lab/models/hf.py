@@ -5,14 +5,29 @@ blocks are the decoder layers; TP follows the model's own `base_model_tp_plan`."
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Optional
 
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from fsdp_lab.config import ConfigError, HFConfig
+from fsdp_lab.config import ConfigError, ModelConfig
 from fsdp_lab.models.foreign import ForeignModel, TokenInputs
 from fsdp_lab.models.spec import ModelSpec, TPPlan
+
+
+@dataclass
+class HFConfig(ModelConfig):
+    name: str = "hf"
+    model_type: Optional[str] = None
+    """A transformers model_type (llama, qwen2, mistral, gemma, gpt_neox, ...): its config's defaults,
+    with model.config on top."""
+    config_path: Optional[str] = None
+    """Instead of model_type: a local directory (or config.json) of a checkpoint; no weights are read."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the transformers config (hidden_size, num_hidden_layers, ...)."""
+
 
 # The styles of base_model_tp_plan the lab applies; others (e.g. replicated norms) are refused.
 TP_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}

@@ -10,6 +10,7 @@ Buffers are built real (they are small and often computed in __init__, e.g. rota
 from __future__ import annotations
 
 import contextlib
+import weakref
 import zlib
 from collections.abc import Callable, Iterator
 
@@ -33,6 +34,15 @@ def meta_parameters() -> Iterator[None]:
         yield
     finally:
         nn.Module.register_parameter = register
+
+
+# A module swapped in for another after the Materializer learnt the names (float8's Float8Linear for
+# an nn.Linear) -> the one it replaced: it is initialised under that one's name, from its seed.
+_REPLACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def takes_place_of(new: nn.Module, old: nn.Module) -> None:
+    _REPLACED[new] = old
 
 
 class Materializer:
@@ -69,7 +79,7 @@ class Materializer:
                 owner.setdefault(id(p), module)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's RNG stays as it was
             for module in model.modules():
-                name = self.names.get(id(module))
+                name = self.names.get(id(_REPLACED.get(module, module)))
                 own = list(module.named_parameters(recurse=False))
                 if name is None or not own:
                     continue

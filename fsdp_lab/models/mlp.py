@@ -3,15 +3,36 @@ them; odd sizes are allowed, which exercises FSDP's padding of uneven shards."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 from torch import nn
 import torch.nn.functional as F
 
-from fsdp_lab.config import ConfigError, MLPConfig, MLPStackConfig
+from fsdp_lab.config import ConfigError, ModelConfig, bounded
 from fsdp_lab.models.blocks import call_block, repeated_block_params
 from fsdp_lab.models.spec import ModelSpec
 from fsdp_lab.models.stage import Stage
 from fsdp_lab.models.tp_styles import mlp_pair
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    name: str = "mlp"
+    dim: int = bounded(16, ge=1)
+    """Input features, which are also the output classes."""
+    ffn_dim: int = bounded(64, ge=1)
+    """Hidden units; odd sizes allowed (uneven shards)."""
+
+
+@dataclass
+class MLPStackConfig(MLPConfig):
+    name: str = "mlp_stack"
+    n_layers: int = bounded(3, ge=1)
+    """MLPs in sequence, each a block."""
+    layer_order: Optional[list[int]] = None
+    """The blocks' call order in forward, repeats allowed; null = each block once, in order."""
 
 
 class MLP(nn.Module):

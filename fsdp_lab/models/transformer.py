@@ -6,15 +6,43 @@ needs no change here."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 from torch import nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from fsdp_lab.config import TransformerConfig
+from fsdp_lab.config import ModelConfig, bounded
 from fsdp_lab.models.blocks import call_block, repeated_block_params
 from fsdp_lab.models.kernels import rotary, swiglu
 from fsdp_lab.models.joint_linear import joint_linear
+
+
+@dataclass
+class TransformerConfig(ModelConfig):
+    name: str = "transformer"
+    dim: int = bounded(64, ge=1)
+    """Model width (embedding and residual stream)."""
+    n_layers: int = bounded(2, ge=1)
+    """Transformer blocks."""
+    n_heads: int = bounded(4, ge=1)
+    """Attention heads; must divide dim."""
+    ffn_dim: int = bounded(128, ge=1)
+    """Hidden size of each block's SwiGLU MLP."""
+    vocab_size: int = bounded(256, ge=2)
+    """Token vocabulary."""
+    tie_embeddings: bool = False
+    """Share the token embedding with the output projection."""
+    norm_eps: float = bounded(1e-5, gt=0)
+    """RMSNorm epsilon."""
+    layer_order: Optional[list[int]] = None
+    """The blocks' call order in forward, repeats allowed: [0, 0, 1] runs block 0 twice (a module used
+    several times in one forward); null = each block once, in order."""
+    kernels: bool = True
+    """Eager blocks on a GPU run the rotary and SwiGLU in the lab's Triton kernels (fsdp_lab/models/kernels/);
+    false: PyTorch's elementwise ops everywhere (SwiGLU's gate gradient then rounds exactly as theirs)."""
 
 
 class RotaryTables:

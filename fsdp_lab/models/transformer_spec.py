@@ -8,7 +8,8 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
-from fsdp_lab.config import ConfigError, TransformerConfig
+from fsdp_lab.config import ConfigError
+from fsdp_lab.models.transformer import TransformerConfig
 from fsdp_lab.models.blocks import call_block
 from fsdp_lab.models.spec import ModelSpec, TPPlan
 from fsdp_lab.models.stage import Stage

@@ -6,12 +6,28 @@ FSDP2 unshards a unit around `forward` only, so the method is registered with
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from fsdp_lab.config import ConfigError, ViTConfig
+from fsdp_lab.config import ConfigError, ModelConfig, bounded
 from fsdp_lab.models.spec import ModelSpec
 from fsdp_lab.models.mlp import MLP
+
+
+@dataclass
+class ViTConfig(ModelConfig):
+    name: str = "vit"
+    dim: int = bounded(16, ge=1)
+    """Patch embedding width."""
+    ffn_dim: int = bounded(32, ge=1)
+    """Hidden units of the encoder's MLP."""
+    vocab_size: int = bounded(10, ge=2)
+    """Output classes."""
+    image_size: int = bounded(16, ge=4)
+    """Square input side in pixels (patches of 4)."""
+
 
 PATCH = 4
 

@@ -1,4 +1,4 @@
-"""The orchestrator: parallelize a model in a fixed order — TP, activation checkpointing, compile,
+"""The orchestrator: parallelize a model in a fixed order — float8 conversion, TP, activation checkpointing, compile,
 then data parallelism (FSDP2, FSDP1 or DDP), then (ac.impl=outer_wrapper) AC around the engine's
 units — each step guarded by the mesh or config and logging one line."""
 
@@ -14,6 +14,7 @@ from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import model_spec
 from fsdp_lab.parallel.ac import apply_ac
 from fsdp_lab.parallel.ddp import apply_ddp
+from fsdp_lab.parallel.float8 import apply_float8, enabled as float8_enabled, float8_plan
 from fsdp_lab.parallel.fsdp1 import apply_fsdp1
 from fsdp_lab.parallel.fsdp2 import apply_fsdp2
 from fsdp_lab.parallel.tp import apply_tp
@@ -24,9 +25,12 @@ log = logging.getLogger(__name__)
 
 def parallelize(model: nn.Module, dims: ParallelDims, mesh, dp_mesh, run: RunConfig, device: torch.device) -> nn.Module:
     """A whole model, or one pipeline stage of it (parallel/pipeline.py calls this per stage)."""
+    if float8_enabled(run.float8):
+        apply_float8(model, run.float8, device)
     if dims.tp_enabled:
         plan = model_spec(run.model.name).tp_plan(run.model, run.mesh.sequence_parallel)
-        apply_tp(model, mesh["tp"], plan, name=run.model.name, sequence_parallel=run.mesh.sequence_parallel)
+        styles = (lambda module, p: float8_plan(module, p, run.float8)) if float8_enabled(run.float8) else None
+        apply_tp(model, mesh["tp"], plan, name=run.model.name, sequence_parallel=run.mesh.sequence_parallel, styles=styles)
     apply_ac(model, run.ac)
     if run.model.compile:
         for block in model.blocks:

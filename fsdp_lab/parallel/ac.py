@@ -29,8 +29,9 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from fsdp_lab.config import ACConfig
-from fsdp_lab.probes.parity import unwrap
+from fsdp_lab.config import ACConfig, ConfigError, RunConfig
+from fsdp_lab.models.spec import ModelSpec
+from fsdp_lab.modules import unwrap
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +144,27 @@ def _replace_child(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
     name = next(n for n, m in model.named_modules() if m is old)
     parent_name, _, child = name.rpartition(".")
     model.get_submodule(parent_name).register_module(child, new)
+
+
+def check_ac(run: RunConfig, spec: ModelSpec) -> None:
+    ac = run.ac
+    if ac.impl == "manual" and ac.mode != "none" and not spec.manual_ac:
+        raise ConfigError(
+            f"ac.impl=manual with model.name={run.model.name}: its forward does not call its blocks through "
+            "fsdp_lab.models.blocks.call_block; allowed: ac.impl=composable|utils|wrapper|outer_wrapper"
+        )
+    if ac.impl == "outer_wrapper" and ac.mode != "none" and run.mesh.engine == "ddp":
+        raise ConfigError(
+            "ac.impl=outer_wrapper with mesh.engine=ddp: it wraps the blocks FSDP made units of, and DDP makes none; "
+            "allowed: ac.impl=composable|utils|wrapper|manual, or mesh.engine=fsdp2|fsdp1"
+        )
+    if not ac.reentrant:
+        return
+    if ac.impl == "composable":
+        raise ConfigError("ac.reentrant=true: the composable checkpoint is non-reentrant only; allowed with ac.impl=utils|wrapper|outer_wrapper|manual")
+    if ac.mode not in ("full", "selective") or (ac.mode == "selective" and ac.selective == "op"):
+        raise ConfigError(
+            f"ac.reentrant=true: only checkpointing that recomputes whole blocks has a reentrant variant "
+            f"(ac=full, or ac=selective with ac.selective=layer), not ac.mode={ac.mode}"
+            + (f" with ac.selective={ac.selective}" if ac.mode == "selective" else "")
+        )

@@ -20,7 +20,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from fsdp_lab.config import MeshConfig
+from fsdp_lab.config import ConfigError, MeshConfig, RunConfig
+from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.models import families_with
+from fsdp_lab.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +116,49 @@ def build_pipeline(
         mesh_cfg.pp_schedule, n_stages, per_stage, stage_ids, n_microbatches,
     )
     return PipelinedModel(local, schedule, pp_group=group, has_first=0 in stage_ids, has_last=n_stages - 1 in stage_ids)
+
+
+def check_pipeline(run: RunConfig, dims: ParallelDims, spec: ModelSpec, built) -> None:
+    pp, model, m, n_mb = dims.pp, run.model, run.mesh, run.train.microbatches
+    if not dims.pp_enabled:
+        return
+    if m.engine != "fsdp2":
+        raise ConfigError(f"mesh.engine={m.engine} with mesh.pp={pp}: pipeline parallelism composes with mesh.engine=fsdp2 only")
+    if spec.pipeline_stage is None:
+        raise ConfigError(f"mesh.pp={pp}: model.name={model.name} cannot be split into stages; allowed: {families_with('pipeline_stage')}")
+    if spec.tied(model):
+        raise ConfigError(f"{spec.tied_key}=true with mesh.pp={pp}: the first and last stages would share a weight; allowed: model.tie_embeddings=false")
+    if run.probes.comm.enabled:
+        raise ConfigError(
+            f"probes.comm.enabled=true with mesh.pp={pp}: CommDebugMode's autograd hooks cannot follow a pipeline "
+            "schedule; allowed: probes.comm.enabled=false"
+        )
+    a = run.train.accum
+    if (a.sync, a.reshard_after_backward, a.explicit_unshard) != ("every", True, False):
+        raise ConfigError(
+            f"train.accum.sync={a.sync}, reshard_after_backward={str(a.reshard_after_backward).lower()}, "
+            f"explicit_unshard={str(a.explicit_unshard).lower()} with mesh.pp={pp}: the pipeline schedule sets "
+            "gradient sync and resharding itself (it reduces after the last microbatch); allowed: the defaults"
+        )
+    per_rank = stages_per_rank(m)
+    multi = m.pp_schedule in MULTI_STAGE_SCHEDULES
+    if multi and per_rank < 2:
+        raise ConfigError(f"mesh.pp_stages_per_rank={per_rank}: mesh.pp_schedule={m.pp_schedule} needs >= 2 stages per rank")
+    if not multi and per_rank != 1:
+        raise ConfigError(
+            f"mesh.pp_stages_per_rank={per_rank}: mesh.pp_schedule={m.pp_schedule} runs one stage per rank; "
+            "allowed: 1, null, or mesh.pp_schedule=interleaved_1f1b"
+        )
+    if len(built.blocks) % (pp * per_rank):
+        raise ConfigError(
+            f"model.n_layers={len(built.blocks)}: must be a multiple of the pipeline stages, "
+            f"mesh.pp={pp} x {per_rank} stages per rank (mesh.pp_stages_per_rank) = {pp * per_rank}"
+        )
+    if m.pp_schedule == "1f1b" and n_mb < pp:
+        raise ConfigError(f"train.microbatches={n_mb}: mesh.pp_schedule=1f1b needs >= mesh.pp={pp} microbatches")
+    rounds = max(1, n_mb // pp)
+    if multi and n_mb % rounds:
+        raise ConfigError(
+            f"train.microbatches={n_mb}: mesh.pp_schedule={m.pp_schedule} needs a multiple of its rounds, "
+            f"max(1, {n_mb} // mesh.pp={pp}) = {rounds}"
+        )

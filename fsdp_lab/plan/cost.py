@@ -6,7 +6,7 @@ attention by shape from the measured tables, everything else by the bytes it mov
 matmuls and the sharded activations and adds its all-reduces; FSDP's all-gathers and
 reduce-scatters run on a comm stream beside the compute, unit by unit, as FSDP2 issues them
 (prefetching one unit ahead); PP runs a stage's share of the blocks with the schedule's bubble.
-The CPU issues every op, unit by unit, at the device table's measured host cost (fsdp_lab/plan/host.py,
+The CPU issues every op, unit by unit, at the device table's measured host cost (fsdp_lab/calibrate/host.py,
 read at the block's kernel time):
 a unit's kernels finish no earlier than the host has issued them, so a step whose host work outruns
 its GPU work is host-bound (its optimizer runs after the host's last launch), and one whose GPU work
@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from fsdp_lab.mesh import MESH_DIM_NAMES, degrees, ranks
 from fsdp_lab.plan.device import Device
 from fsdp_lab.plan.host import kernel_s
 from fsdp_lab.plan.trace import Op, Trace
@@ -54,7 +55,7 @@ class Layout:
 
     @property
     def world(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+        return ranks(self)
 
 
 @dataclass
@@ -174,8 +175,8 @@ def _price_like(one: Trace, two1: Trace, two2: Trace, mb: int, tp: int, device: 
 
 def group_link(layout: Layout, dim: str, gpus_per_node: int) -> tuple[int, bool]:
     """(size, crosses nodes) of a mesh dimension's groups; ranks are laid out pp, dp_replicate, dp_shard, tp."""
-    order = ("pp", "dp_replicate", "dp_shard", "tp")
-    sizes = {d: getattr(layout, d) for d in order}
+    order = MESH_DIM_NAMES
+    sizes = degrees(layout)
     stride = math.prod(sizes[d] for d in order[order.index(dim) + 1 :])
     return sizes[dim], stride * sizes[dim] > gpus_per_node
 

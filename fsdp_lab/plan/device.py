@@ -83,7 +83,7 @@ class Device:
         return latency * math.log2(group) + RING[kind](group) * nbytes / bandwidth
 
     def elementwise(self, figure: str, unmeasured: float) -> float:
-        """A block's measured elementwise figure (fsdp_lab/plan/elementwise.py): `eager_factor`, its
+        """A block's measured elementwise figure (fsdp_lab/calibrate/elementwise.py): `eager_factor`, its
         eager time over the bandwidth pricing of its ops, or `compiled_share`, what torch.compile
         leaves of it; `unmeasured` where the table has not measured it."""
         return self.table.get("elementwise", {}).get(figure, unmeasured)

@@ -7,6 +7,7 @@ import dataclasses
 from functools import cached_property
 
 from fsdp_lab.config import RunConfig
+from fsdp_lab.mesh import ParallelDims, degrees
 from fsdp_lab.plan.cost import DTYPE_BYTES, Layout, Model, step_time
 from fsdp_lab.plan.device import Device
 from fsdp_lab.plan.memory import peak_bytes
@@ -51,22 +52,17 @@ class Predictor:
 def layout_of(run: RunConfig, world_size: int) -> Layout:
     """The layout a run's own config describes (mesh.dp_shard=-1 filled from world_size)."""
     m, t = run.mesh, run.train
-    dp_shard = m.dp_shard if m.dp_shard != -1 else world_size // (m.pp * m.dp_replicate * m.tp)
     raf = run.fsdp.reshard_after_forward
-    return Layout(pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=dp_shard, tp=m.tp, ac=run.ac.mode,
+    return Layout(**degrees(ParallelDims.from_mesh(m, world_size)), ac=run.ac.mode,
                   microbatches=t.microbatches, microbatch_size=t.batch_size // t.microbatches,
                   reshard=raf is not False, compile=run.model.compile)
 
 
 def run_of(overrides: list[str]) -> RunConfig:
     """The run `python -m fsdp_lab OVERRIDES` configures (composed in this process)."""
-    from hydra import compose, initialize_config_dir
+    from fsdp_lab.compose import compose_run
 
-    from fsdp_lab.config import to_run_config
-    from fsdp_lab.run import CONF_DIR
-
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        return to_run_config(compose("config", overrides=list(overrides)))
+    return compose_run(*overrides)
 
 
 def predict_overrides(overrides: list[str], *, world_size: int, device: str, gpus_per_node: int) -> dict:

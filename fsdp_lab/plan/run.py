@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 
 from fsdp_lab.config import ConfigError, RunConfig
+from fsdp_lab.mesh import MESH_DIM_NAMES
 from fsdp_lab.plan.device import load_device
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.search import Candidate, rank
@@ -17,7 +18,7 @@ from fsdp_lab.sinks.files import write_json_atomic, write_summary
 PLAN_FILE = "plan.json"
 SUFFIX = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 # Overrides of the plan itself, or of what each candidate sets: left out of the candidates' command lines.
-OWN_KEYS = re.compile(r"^\+?(mode=|plan\.|mesh\.(pp|dp_replicate|dp_shard|tp|world_size)=|ac=|ac\.mode=|train\.(batch_size|global_batch_size|microbatches)=|fsdp\.reshard_after_forward=)")
+OWN_KEYS = re.compile(rf"^\+?(mode=|plan\.|mesh\.({'|'.join(MESH_DIM_NAMES)}|world_size)=|ac=|ac\.mode=|train\.(batch_size|global_batch_size|microbatches)=|fsdp\.reshard_after_forward=)")
 
 
 def global_batch_tokens(value) -> int | None:

@@ -9,10 +9,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from fsdp_lab.config import ConfigError, RunConfig
-from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.estimate.refusals import check_estimable
+from fsdp_lab.mesh import ParallelDims, degrees
 from fsdp_lab.plan.cost import Layout
 from fsdp_lab.plan.predict import Predictor
-from fsdp_lab.validate import check_estimable, check_run
+from fsdp_lab.validate import check_run
 
 AC_MODES = ("none", "full")
 
@@ -37,16 +38,14 @@ def run_for(run: RunConfig, layout: Layout) -> RunConfig:
     """The run a layout stands for: what its overrides set."""
     return dataclasses.replace(
         run, mode="train",
-        mesh=dataclasses.replace(run.mesh, pp=layout.pp, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard,
-                                 tp=layout.tp, world_size=layout.world),
+        mesh=dataclasses.replace(run.mesh, **degrees(layout), world_size=layout.world),
         train=dataclasses.replace(run.train, batch_size=layout.microbatch_size * layout.microbatches, microbatches=layout.microbatches),
         ac=dataclasses.replace(run.ac, mode=layout.ac), fsdp=dataclasses.replace(run.fsdp, reshard_after_forward=layout.reshard),
     )
 
 
 def overrides(layout: Layout) -> list[str]:
-    return [f"mesh.pp={layout.pp}", f"mesh.dp_replicate={layout.dp_replicate}", f"mesh.dp_shard={layout.dp_shard}",
-            f"mesh.tp={layout.tp}", f"ac={layout.ac}", f"train.batch_size={layout.microbatch_size * layout.microbatches}",
+    return [*(f"mesh.{name}={degree}" for name, degree in degrees(layout).items()), f"ac={layout.ac}", f"train.batch_size={layout.microbatch_size * layout.microbatches}",
             f"train.microbatches={layout.microbatches}", f"fsdp.reshard_after_forward={str(layout.reshard).lower()}"]
 
 
@@ -71,7 +70,7 @@ def layouts(run: RunConfig, samples: int) -> list[Layout]:
 
 
 def _accepted(run: RunConfig, layout: Layout) -> bool:
-    dims = ParallelDims.resolve(pp=layout.pp, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=layout.tp, world_size=layout.world)
+    dims = ParallelDims.from_mesh(layout, layout.world)
     try:
         check_run(run_for(run, layout), dims, "cuda")
     except ConfigError:
@@ -135,6 +134,6 @@ def estimated_peak_mib(run: RunConfig, layout: Layout) -> float:
     from fsdp_lab.estimate import estimate
     from fsdp_lab.plan.trace import quiet
 
-    dims = ParallelDims.resolve(pp=layout.pp, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=layout.tp, world_size=layout.world)
+    dims = ParallelDims.from_mesh(layout, layout.world)
     with quiet():
         return estimate(_estimate_run(run, layout), dims)["peak_mib"]

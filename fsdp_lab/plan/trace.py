@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from fsdp_lab.config import RunConfig
 from fsdp_lab.models.kernels.launch import watching_launches
-from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.mesh import ParallelDims, degrees
 
 MATMULS = {"mm", "addmm", "bmm", "baddbmm"}
 # Ops that move no bytes on a GPU (allocations, views, metadata): host work only.
@@ -186,13 +186,13 @@ def traced_run(run: RunConfig, *, layers: int | None, batch: int, ac: str) -> tu
     model's own depth), FSDP over the trace world, no TP, PP or compile (the cost model adds those)."""
     model = run.model if layers is None else dataclasses.replace(run.model, n_layers=layers)
     model = dataclasses.replace(model, compile=False)
+    dims = ParallelDims.resolve(TRACE_WORLD)
     traced = dataclasses.replace(
         run, mode="estimate", model=model,
-        mesh=dataclasses.replace(run.mesh, pp=1, dp_replicate=1, dp_shard=TRACE_WORLD, tp=1, world_size=TRACE_WORLD, sequence_parallel=False),
+        mesh=dataclasses.replace(run.mesh, **degrees(dims), world_size=TRACE_WORLD, sequence_parallel=False),
         train=dataclasses.replace(run.train, batch_size=batch, microbatches=1),
         ac=dataclasses.replace(run.ac, mode=ac), fsdp=dataclasses.replace(run.fsdp, reshard_after_forward=True),
     )
-    dims = ParallelDims.resolve(pp=1, dp_replicate=1, dp_shard=TRACE_WORLD, tp=1, world_size=TRACE_WORLD)
     return traced, dims
 
 

@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.fsdp._common_utils import clean_tensor_name
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from fsdp_lab.probes.parity import unwrap
+from fsdp_lab.modules import unwrap
 from fsdp_lab.sinks.files import write_json_atomic
 
 REPORT_JSON = "parity_report.json"

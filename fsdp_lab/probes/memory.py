@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 
-PHASES = ("start", "after_fwd", "after_loss", "after_bwd", "after_step", "done")
-MIB = 2**20
+from fsdp_lab.memory_phases import MIB, PHASES
+
 SETTLE_READS = 50
 
 

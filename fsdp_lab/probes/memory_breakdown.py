@@ -19,7 +19,8 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.fsdp import FSDPModule
 
-from fsdp_lab.probes.memory import MIB, PhaseMemory, tracker_total
+from fsdp_lab.memory_phases import MIB
+from fsdp_lab.probes.memory import PhaseMemory, tracker_total
 from fsdp_lab.sinks.files import write_json_atomic
 
 BREAKDOWN_JSON = "memory_breakdown.json"

@@ -14,6 +14,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from fsdp_lab.modules import unwrap
 from fsdp_lab.probes.flat_shards import flat_shard_pairs, is_fsdp1
 
 # Loss and parameter tolerances by compute dtype: fp32 differs only by reduction order.
@@ -62,11 +63,6 @@ class ParityVerdict:
             "max_param_abs_diff": self.max_param_abs_diff,
             "max_grad_norm_abs_diff": self.max_grad_norm_abs_diff,
         }
-
-
-def unwrap(module: nn.Module) -> nn.Module:
-    """The user's module inside a DDP or FSDP1 wrapper (FSDP2 modifies the module in place)."""
-    return getattr(module, "module", module)
 
 
 def _shard_pairs(model: nn.Module, ref_params: dict[str, torch.Tensor], only: set[str] | None = None):

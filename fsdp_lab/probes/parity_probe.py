@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from fsdp_lab.accum import Accumulation
-from fsdp_lab.config import AccumConfig, RunConfig
+from fsdp_lab.config import AccumConfig, ConfigError, RunConfig
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.optim import Optimization, Optimized
 from fsdp_lab.parallel.ddp import apply_ddp
@@ -31,6 +31,12 @@ def compute_dtype(run: RunConfig) -> torch.dtype:
     if run.mesh.engine != "ddp" and run.fsdp.param_dtype:
         return getattr(torch, run.fsdp.param_dtype)
     return getattr(torch, run.fsdp.cast_after_sharding or "float32")
+
+
+def tolerance(run: RunConfig) -> float:
+    """The loss tolerance: by compute dtype, or with float8 linears the drift float8.parity_tolerance
+    accepts from the high-precision reference (which is never converted)."""
+    return run.float8.parity_tolerance if run.float8.recipe != "none" else TOLERANCES[compute_dtype(run)]
 
 
 @dataclass
@@ -80,7 +86,7 @@ class ParityProbe(Probe):
         self.reference = Reference(
             model=ref, optim=Optimization.build(ref, run.optim, run.train.steps, device),
             accumulation=Accumulation(ref, AccumConfig(sync=ref_sync)),
-            verdict=ParityVerdict(tolerance=TOLERANCES[compute_dtype(run)], reference=f"ddp-{run.fsdp.cast_after_sharding or 'fp32'}"),
+            verdict=ParityVerdict(tolerance=tolerance(run), reference=f"ddp-{run.fsdp.cast_after_sharding or 'fp32'}"),
         )
         self.snapshot: list[torch.Tensor] | None = None
         self.report: dict | None = None
@@ -154,3 +160,36 @@ class ParityProbe(Probe):
                 "report": localize.REPORT_JSON,
             }
         return {"parity": section}
+
+
+# What the parity reference holds per parameter: fp32 weight, gradient and two optimizer states.
+REFERENCE_BYTES_PER_PARAM = 16
+
+
+def check_reference_fits(run: RunConfig, dims: ParallelDims, device_type: str, n_params: int) -> None:
+    """The parity reference is the whole model on every rank, by nature: refuse what cannot fit."""
+    if not run.probes.parity.enabled or run.mode != "train":
+        return
+    need = n_params * REFERENCE_BYTES_PER_PARAM
+    if device_type == "cuda":
+        if not torch.cuda.is_available():  # a run checked for GPUs elsewhere (mode=plan): theirs are unknown here
+            return
+        have, where = torch.cuda.get_device_properties(0).total_memory, "one GPU's memory"
+    else:
+        need *= dims.world_size  # every rank's reference shares this host
+        have, where = host_available(), f"this host's available memory, for {dims.world_size} ranks"
+    if have is not None and need > have:
+        raise ConfigError(
+            f"probes.parity.enabled=true: the parity reference holds the whole model ({n_params / 1e9:.2f}B parameters) "
+            f"on every rank, {need / 2**30:.0f} GiB with its gradients and optimizer state, more than {where} "
+            f"({have / 2**30:.0f} GiB); allowed: probes.parity.enabled=false"
+        )
+
+
+def host_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None

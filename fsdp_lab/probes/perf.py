@@ -32,7 +32,7 @@ class Throughput:
         """Per step: seconds from its start until the host has issued its last op (zero_grad done).
         Where nothing in the step waits for the GPU before then (FSDP2 waits through streams, not
         the host), it is the host's own time whether the GPU keeps up or not: the plan's host
-        calibration reads it (fsdp_lab/plan/host.py)."""
+        calibration reads it (fsdp_lab/calibrate/host.py)."""
         self._last_metrics_at: float | None = None
 
     def metrics(self, step_time_s: float) -> dict[str, float | None]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from fsdp_lab.probes.memory import PHASES
+from fsdp_lab.memory_phases import PHASES
 from fsdp_lab.sinks.files import METRICS_FILE, SUMMARY_FILE, read_summary
 from fsdp_lab.sweep import JOB_OVERRIDES_FILE, job_label, read_job_overrides
 

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from fsdp_lab.probes.memory import PHASES  # noqa: E402
+from fsdp_lab.memory_phases import PHASES  # noqa: E402
 from fsdp_lab.report.jobs import Job  # noqa: E402
 
 VERDICT_MARKERS = {True: ("o", "parity ok"), False: ("X", "parity DRIFT"), None: ("s", "no parity verdict")}

@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 
 from fsdp_lab.config import LoggerConfig
-from fsdp_lab.probes.memory import PHASES
+from fsdp_lab.memory_phases import PHASES
 from fsdp_lab.sinks.secrets import scrub, secret_values
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import cloudpickle
 from hydra.core.singleton import Singleton
@@ -29,6 +29,8 @@ from fsdp_lab.spawn import child_start_method
 from .sweep_summary import finish_sweep, job_row
 
 JOB_LOG = "logs/job.out"
+JOB_RETURN = "logs/job_return.pkl"  # the task function's return value, from the job's process
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 @dataclass
@@ -42,6 +44,9 @@ class Job:
     gpus: list[str] = field(default_factory=list)
     process: mp.process.BaseProcess | None = None
     started: float = 0.0
+    refused: str | None = None
+    """The lab's pre-spawn refusal of this job (a sampling sweeper's point): it never starts."""
+    returned: Any = None
 
 
 def job_config(launcher, overrides: list[str], num: int, sweep_dir: Path) -> DictConfig:
@@ -54,20 +59,30 @@ def job_config(launcher, overrides: list[str], num: int, sweep_dir: Path) -> Dic
     return config
 
 
+def refuse(launcher, job: Job, error: ConfigError) -> None:
+    """A job the lab's checks refuse. In a grid the user wrote (Hydra's basic sweeper) one bad job refuses
+    the sweep (exit 2), as for a run; a sweeper that picks its own points (Optuna) gets the job back as
+    failed, with the one-line reason, and goes on."""
+    if str(launcher.config.hydra.sweeper._target_) == BASIC_SWEEPER:
+        print(f"error: {error} (job {job.num}: {' '.join(job.overrides)})", file=sys.stderr, flush=True)
+        sys.exit(2)
+    job.refused = str(error)
+    print(f"[sweep] job {job.num} refused: {error} ({' '.join(job.overrides)})", flush=True)
+
+
 def plan_jobs(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path) -> list[Job]:
-    """Every job checked before any starts: one bad override refuses the sweep (exit 2), as for a run."""
+    """Every job checked before any starts."""
     extra = [] if launcher.max_restarts is None else [f"launch.max_restarts={launcher.max_restarts}"]
     jobs = []
     for i, overrides in enumerate(job_overrides):
         num, overrides = initial_job_idx + i, list(overrides) + extra
         config = job_config(launcher, overrides, num, sweep_dir)
+        job = Job(num, overrides, config, sweep_dir / str(config.hydra.sweep.subdir), 0, "cpu")
         try:
-            world, device_type = local_job(config)
+            job.world_size, job.device_type = local_job(config)
         except ConfigError as e:
-            print(f"error: {e} (job {num}: {' '.join(overrides)})", file=sys.stderr, flush=True)
-            sys.exit(2)
-        run_dir = sweep_dir / str(config.hydra.sweep.subdir)
-        jobs.append(Job(num, overrides, config, run_dir, world, device_type))
+            refuse(launcher, job, e)
+        jobs.append(job)
     return jobs
 
 
@@ -123,17 +138,19 @@ def start(launcher, job: Job, env: dict[str, str]) -> None:
     payload = cloudpickle.dumps((launcher.hydra_context, launcher.task_function, job.config, Singleton.get_state()))
     log = job.run_dir / JOB_LOG
     log.parent.mkdir(parents=True, exist_ok=True)
+    (job.run_dir / JOB_RETURN).unlink(missing_ok=True)  # a rerun job dir's: not this run's value
     method = child_start_method(job.device_type)  # CPU jobs fork, GPU jobs spawn
-    job.process = mp.get_context(method).Process(target=job_process_main, args=(payload, str(log), env), name=f"job{job.num}")
+    job.process = mp.get_context(method).Process(target=job_process_main, args=(payload, str(job.run_dir), env), name=f"job{job.num}")
     job.started = time.perf_counter()
     job.process.start()
     where = f"GPUs {','.join(job.gpus)}" if job.gpus else job.device_type
     print(f"[sweep] job {job.num} started: {' '.join(job.overrides)} ({job.world_size} ranks, {where})", flush=True)
 
 
-def job_process_main(payload: bytes, log_path: str, env: dict[str, str]) -> None:
-    """A job's own process: its output goes to the job's log, then Hydra's run_job calls the task."""
-    with open(log_path, "ab", buffering=0) as log:
+def job_process_main(payload: bytes, run_dir: str, env: dict[str, str]) -> None:
+    """A job's own process: its output goes to the job's log, then Hydra's run_job calls the task,
+    whose return value goes to JOB_RETURN for the launcher's JobReturn."""
+    with open(Path(run_dir) / JOB_LOG, "ab", buffering=0) as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
     os.environ.update(env)
@@ -145,11 +162,23 @@ def job_process_main(payload: bytes, log_path: str, env: dict[str, str]) -> None
     if ret.status != JobStatus.COMPLETED:
         print(f"error: {type(ret._return_value).__name__}: {ret._return_value}", file=sys.stderr, flush=True)
         sys.exit(1)
+    (Path(run_dir) / JOB_RETURN).write_bytes(cloudpickle.dumps(ret.return_value))
+
+
+def read_job_return(job: Job) -> Any:
+    path = job.run_dir / JOB_RETURN
+    return cloudpickle.loads(path.read_bytes()) if path.exists() else None
 
 
 def job_return(job: Job, status: JobStatus) -> JobReturn:
-    return JobReturn(overrides=job.overrides, cfg=task_config(job.config), hydra_cfg=OmegaConf.create({"hydra": job.config.hydra}),
-                     working_dir=os.getcwd(), task_name=JobRuntime.instance().get("name"), status=status)
+    ret = JobReturn(overrides=job.overrides, cfg=task_config(job.config), hydra_cfg=OmegaConf.create({"hydra": job.config.hydra}),
+                    working_dir=os.getcwd(), task_name=JobRuntime.instance().get("name"), status=status)
+    ret.return_value = job.returned
+    return ret
+
+
+def refused_row(job: Job) -> dict:
+    return job_row(job.num, job.overrides, job.run_dir, exited_ok=False, fallback_error=f"refused: {job.refused}", wall_s=0.0)
 
 
 def launch_torchrun(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
@@ -161,7 +190,8 @@ def launch_torchrun(launcher, job_overrides: Sequence[Sequence[str]], initial_jo
     threads = max(1, (os.cpu_count() or 1) // max_ranks) if launcher.pack else None
     print(f"[sweep] {len(jobs)} jobs in {sweep_dir} (packing {'on' if launcher.pack else 'off'}, "
           f"{max_ranks} CPU ranks, {len(packer.free_gpus)} GPUs)", flush=True)
-    pending, rows = list(jobs), {}
+    pending = [job for job in jobs if job.refused is None]
+    rows = {job.num: refused_row(job) for job in jobs if job.refused is not None}
     while pending or packer.running:
         for job in list(pending):
             if packer.fits(job):
@@ -175,6 +205,7 @@ def launch_torchrun(launcher, job_overrides: Sequence[Sequence[str]], initial_jo
             job.process.join()
             packer.release(job)
             code = job.process.exitcode
+            job.returned = read_job_return(job)
             row = job_row(job.num, job.overrides, job.run_dir, exited_ok=code == 0,
                           fallback_error=f"job process exited with code {code}, see {job.run_dir / JOB_LOG}",
                           wall_s=time.perf_counter() - job.started)
@@ -183,7 +214,7 @@ def launch_torchrun(launcher, job_overrides: Sequence[Sequence[str]], initial_jo
             print(f"[sweep] job {job.num} {outcome} ({row['wall_s']:.1f} s, run dir: {job.run_dir})", flush=True)
     ordered = [rows[job.num] for job in jobs]
     returns = [job_return(job, JobStatus.UNKNOWN) for job in jobs]
-    finish_sweep(sweep_dir, ordered, returns)
+    finish_sweep(sweep_dir, ordered, returns, first_job=initial_job_idx)
     return returns
 
 
@@ -198,7 +229,8 @@ def pin_sweep_dir(config: DictConfig, sweep_dir: Path) -> None:
 
 def launch_slurm(launcher, base_launch, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
     """Jobs are checked, then submitted by the base launcher: one array per run of consecutive jobs
-    with the same world size, since tasks_per_node is a property of the whole array."""
+    with the same world size, since tasks_per_node is a property of the whole array. A refused job
+    (under a sampling sweeper) is not submitted."""
     from fsdp_lab.launch_plan import cluster_world_size
 
     sweep_dir = Path(str(launcher.config.hydra.sweep.dir)).resolve()
@@ -207,30 +239,34 @@ def launch_slurm(launcher, base_launch, job_overrides: Sequence[Sequence[str]], 
     jobs = []
     for i, overrides in enumerate(job_overrides):
         config = job_config(launcher, list(overrides), initial_job_idx + i, sweep_dir)
+        job = Job(initial_job_idx + i, list(overrides), config, sweep_dir / str(config.hydra.sweep.subdir), 0, "slurm")
         try:
-            world = launcher.world_size or cluster_world_size(config, gpus_per_node=gpus, nodes=nodes)
-            if world % nodes:
-                raise ConfigError(f"hydra.launcher.nodes={nodes}: must divide the job's world size {world}")
+            job.world_size = launcher.world_size or cluster_world_size(config, gpus_per_node=gpus, nodes=nodes)
+            if job.world_size % nodes:
+                raise ConfigError(f"hydra.launcher.nodes={nodes}: must divide the job's world size {job.world_size}")
         except ConfigError as e:
-            print(f"error: {e} (job {initial_job_idx + i}: {' '.join(overrides)})", file=sys.stderr, flush=True)
-            sys.exit(2)
-        jobs.append(Job(initial_job_idx + i, list(overrides), config, sweep_dir / str(config.hydra.sweep.subdir), world, "slurm"))
-    returns: list[JobReturn] = []
-    while len(returns) < len(jobs):
-        first = jobs[len(returns)]
-        group = [job.overrides for job in jobs[len(returns):]]
-        same = next((n for n, job in enumerate(jobs[len(returns):]) if job.world_size != first.world_size), len(group))
-        launcher.params["tasks_per_node"] = first.world_size // nodes
+            refuse(launcher, job, e)
+        jobs.append(job)
+    submitted = [job for job in jobs if job.refused is None]
+    returns: dict[int, JobReturn] = {}
+    while len(returns) < len(submitted):
+        rest = submitted[len(returns):]
+        # The base launcher numbers an array's jobs on from its first: an array holds consecutive numbers.
+        same = next((n for n, job in enumerate(rest) if job.world_size != rest[0].world_size or job.num != rest[0].num + n), len(rest))
+        launcher.params["tasks_per_node"] = rest[0].world_size // nodes
         if gpus:
-            launcher.params["gpus_per_node"] = first.world_size // nodes
-        returns += base_launch(group[:same], first.num)
+            launcher.params["gpus_per_node"] = rest[0].world_size // nodes
+        group = rest[:same]
+        returns.update(zip((job.num for job in group), base_launch([job.overrides for job in group], group[0].num)))
+    ordered = [returns.get(job.num) or job_return(job, JobStatus.UNKNOWN) for job in jobs]
     rows = [
+        refused_row(job) if job.refused is not None else
         job_row(job.num, job.overrides, job.run_dir, exited_ok=ret.status == JobStatus.COMPLETED,
                 fallback_error=f"{ret._return_value!r}; logs: {sweep_dir / '.submitit'}")
-        for job, ret in zip(jobs, returns)
+        for job, ret in zip(jobs, ordered)
     ]
-    finish_sweep(sweep_dir, rows, returns)
-    return returns
+    finish_sweep(sweep_dir, rows, ordered, first_job=initial_job_idx)
+    return ordered
 
 
 def run_slurm_rank(call: Callable[[], JobReturn]) -> JobReturn:

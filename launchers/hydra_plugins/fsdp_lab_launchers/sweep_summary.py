@@ -3,6 +3,7 @@ itself because Hydra skips `on_multirun_end` when a job failed."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -16,7 +17,12 @@ SWEEP_SUMMARY_FILE = "sweep_summary.json"
 
 
 class JobFailed(CompactHydraException):
-    """A sweep job failed; Hydra prints only this message (no traceback) and exits 1."""
+    """A sweep job failed; Hydra prints only this message (no traceback) and exits 1. `reason`: the
+    job's own one-line error (its row's), without the sweep's words around it."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def job_row(num: int, overrides: Sequence[str], run_dir: Path, *, exited_ok: bool, fallback_error: str,
@@ -41,17 +47,27 @@ def describe(row: dict) -> str:
     return f"job {row['job']} [{' '.join(row['overrides'])}]"
 
 
-def finish_sweep(sweep_dir: Path, rows: list[dict], returns: list[JobReturn]) -> None:
-    """Write the sweep summary, mark failed returns with a one-line JobFailed each, and say which
-    jobs failed; Hydra's sweeper then raises the first of them, so the command exits non-zero."""
-    write_json_atomic(sweep_dir / SWEEP_SUMMARY_FILE, {"jobs": rows})
+def earlier_rows(sweep_dir: Path, first_job: int) -> list[dict]:
+    """The rows of this sweep's earlier batches: a sweeper that asks for jobs batch by batch (Optuna)
+    launches several times into one sweep dir, numbering on; a sweep starting at job 0 starts afresh."""
+    path = sweep_dir / SWEEP_SUMMARY_FILE
+    if first_job == 0 or not path.exists():
+        return []
+    return [row for row in json.loads(path.read_text())["jobs"] if row["job"] < first_job]
+
+
+def finish_sweep(sweep_dir: Path, rows: list[dict], returns: list[JobReturn], *, first_job: int = 0) -> None:
+    """Write the sweep summary (this batch's rows after the earlier batches'), mark failed returns with a
+    one-line JobFailed each, and say which jobs failed; Hydra's basic sweeper then raises the first of
+    them, so the command exits non-zero (Optuna records them as failed trials and goes on)."""
+    write_json_atomic(sweep_dir / SWEEP_SUMMARY_FILE, {"jobs": earlier_rows(sweep_dir, first_job) + rows})
     failed = [row for row in rows if row["status"] != "ok"]
     for row, ret in zip(rows, returns):
         if row["status"] == "ok":
             ret.status = JobStatus.COMPLETED
         else:
             ret.status = JobStatus.FAILED
-            ret.return_value = JobFailed(f"error: {describe(row)} failed: {row['error']} (run dir: {row['run_dir']})")
+            ret.return_value = JobFailed(f"error: {describe(row)} failed: {row['error']} (run dir: {row['run_dir']})", row["error"])
     print(f"sweep summary: {sweep_dir / SWEEP_SUMMARY_FILE} ({len(rows) - len(failed)} ok, {len(failed)} failed)", flush=True)
     verdicts = [(row, spec, ok) for row in rows for spec, ok in row["checks"].items()]
     if verdicts:

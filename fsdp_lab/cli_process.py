@@ -1,5 +1,5 @@
-"""Running the lab as a user does (`python -m fsdp_lab ...` in a real process) and reading back
-what a run wrote."""
+"""Running the lab as a user does (`python -m fsdp_lab ...` in a child process) and reading back
+what a run wrote: for the benchmarks and the tests that need a real process."""
 
 from __future__ import annotations
 

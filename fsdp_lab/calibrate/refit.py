@@ -11,8 +11,8 @@ runs' host times, the blocks' device times, the kernel sections) stay as measure
 from __future__ import annotations
 
 from fsdp_lab.plan.device import Device
-from fsdp_lab.plan.elementwise import fit_elementwise
-from fsdp_lab.plan.host import at_width, fit_widths, widths
+from fsdp_lab.calibrate.elementwise import fit_elementwise
+from fsdp_lab.calibrate.host import at_width, fit_widths, widths
 
 
 def refit(table: dict) -> dict:

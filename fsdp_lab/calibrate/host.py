@@ -1,0 +1,187 @@
+"""The host's cost of issuing a step, measured on the device by benchmarks/calibrate_device.py.
+
+A Llama of a planned model's kernel sizes (4 x 2048 tokens, at the two widths of WIDTHS; a vocabulary
+of 512 keeps the rest small) runs the lab's own trainer at two depths, eager, with TP and compiled;
+each run reports the host's time to issue a step (perf.host_step_s: from the step's start to its
+last op, before the loss's sync waits for the GPU), so the GPU's share of the step does not enter.
+The host's time per op grows with the kernels' size: a 256-wide model's host-bound steps priced the
+host of 150m and 1b models' steps 10-30% short, and one 1536-wide model priced the 150m model's
+25-36% over (their host time measured on an H200). The host
+times' difference per block, divided by what the plan's trace counts in a block (ops dispatched;
+matmul and attention calls), gives seconds per op, the extra per TP matmul (DTensor dispatch,
+redistribution) and per compiled block's kernel (model.compile compiles the loss too, so the
+compiled runs price it); what is left at depth 2, less the model's other ops, is the step's own host
+work (the gradient norm, the optimizer's launch, zero_grad, the probes). A run with two
+microbatches prices gradient accumulation: what its second microbatch costs beyond one more
+microbatch's ops, per block and for the rest. A run with activation checkpointing prices what AC
+adds per block beyond the ops the trace counts (the trace records the recomputed forward's ops in
+backward, so those are plain ops already): checkpoint's hooks and saved-tensor bookkeeping;
+compiled as well, beyond its compiled kernels. None of it comes from the configurations the plan
+is checked against.
+
+The plan reads the fitted widths by fsdp_lab/plan/host.py (host_figures)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from fsdp_lab.plan.host import kernel_s
+
+# The op count of a block does not depend on its width: the widths only set the kernels' size. On the
+# device, a Llama narrower than the 0.2B planned models (768) and one wider than the 1B (2304), heads
+# of 128, ffn about 8/3 of the width: their blocks' kernel times bracket the models the plan is checked
+# against (benchmarks/plan_accuracy.py: 1024 and 2048 wide). `quick` (calibrate_device.py --quick, a
+# CPU) runs the same structure at widths a CPU can train.
+WIDTHS = {"device": ({"dim": 768, "heads": 6, "ffn": 2048, "seq": 2048, "batch": 4},
+                     {"dim": 2304, "heads": 18, "ffn": 6144, "seq": 2048, "batch": 4}),
+          "quick": ({"dim": 128, "heads": 2, "ffn": 256, "seq": 128, "batch": 1},
+                    {"dim": 256, "heads": 4, "ffn": 512, "seq": 128, "batch": 1})}
+HOST_MODEL = ("model.dim={dim}", "model.n_layers={layers}", "model.n_heads={heads}", "model.ffn_dim={ffn}", "model.vocab_size=512",
+              "train.seq_len={seq}", "fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32")
+# The median of 30 steps after 10 of warm-up: a host's time wanders by tens of microseconds from
+# step to step (scheduling, the allocator), and the figures are differences of two runs.
+TIMED = ("train.steps=40", "probes.perf.warmup_steps=10", "probes.parity.enabled=false", "logger=none")
+# `quick` checks the script on a CPU, where 44 runs of 40 steps take longer than 25 minutes: a few
+# steps, one round.
+QUICK_TIMED = ("train.steps=4", "probes.perf.warmup_steps=2", "probes.parity.enabled=false", "logger=none")
+DEPTHS = (2, 10)  # 8 blocks apart: the per-block figures divide the runs' noise by 8
+# A host's speed moves from run to run by 10-25% (on the H200 machines: two runs of one 1b layout
+# issued their steps in 77 and 93 ms): each eager run is timed in 3 rounds, apart in time, and its
+# median taken. Compiled runs compile anew each time (a minute for 3 rounds): timed once.
+ROUNDS = 3
+VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true",),
+            "mb2": ("train.microbatches=2",),  # two microbatches of the eager run's samples (the batch doubles)
+            "ac": ("ac=full",),  # every block checkpointed, as the plan's AC candidates run
+            "ac compiled": ("ac=full", "model.compile=true")}  # ... and compiled, checkpoint inside the compiled block
+
+
+def widths(quick: bool = False) -> tuple[dict, ...]:
+    return WIDTHS["quick" if quick else "device"]
+
+
+def model_overrides(layers: int, width: dict) -> list[str]:
+    """The host model at `layers` blocks of one of WIDTHS (its batch apart)."""
+    return [o.format(layers=layers, **width) for o in HOST_MODEL]
+
+
+def at_width(width: dict) -> str:
+    """What a timed run's name ends with at `width` (one of WIDTHS, or a table's section of it)."""
+    return f" @{width['dim']}"
+
+
+def run_name(variant: str, layers: int, width: dict) -> str:
+    return f"{variant} {layers}{at_width(width)}"
+
+
+def host_runs(world_size: int, quick: bool = False) -> list[tuple[str, list[str]]]:
+    """(name, overrides) of the timed runs at every width, the eager ones ROUNDS times over, round after
+    round (a name repeats: its figure is the median of its runs), each round through both widths, so a
+    host's drift over the call reaches both alike; TP needs two ranks."""
+    variants = {k: v for k, v in VARIANTS.items() if k != "tp" or world_size >= 2}
+
+    def run(v, L, w):
+        return (run_name(v, L, w), model_overrides(L, w) + list(QUICK_TIMED if quick else TIMED) + [f"train.batch_size={w['batch'] * (2 if v == 'mb2' else 1)}", *variants[v]])
+
+    def of(compiled):
+        return [run(v, L, w) for w in widths(quick) for v in variants if ("model.compile=true" in variants[v]) == compiled for L in DEPTHS]
+
+    return of(False) * (1 if quick else ROUNDS) + of(True)
+
+
+def host_times(rows: list[dict]) -> dict[str, float]:
+    """The host's seconds per step by run name from the timed runs' rows (runs_in_ranks): a run timed
+    in several rounds, the median of its rounds."""
+    rounds: dict[str, list[float]] = {}
+    for r in rows:
+        rounds.setdefault(r["config"], []).append(r["host_step_s"])
+    return {name: statistics.median(times) for name, times in rounds.items()}
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What the plan's trace of the host model counts per microbatch (forward and backward)."""
+
+    ops: int  # ops dispatched
+    kernels: int  # matmul and attention calls
+    ac_ops: int  # ops dispatched with every block checkpointed (its recomputed forward included)
+    ac_kernels: int  # ... and matmul and attention calls
+
+
+def traced_counts(width: dict) -> dict[int, Counts]:
+    """The plan's trace of the host model at each depth (the same trace the cost model reads)."""
+    from fsdp_lab.plan.predict import run_of
+    from fsdp_lab.plan.trace import trace_step
+
+    out = {}
+    for L in DEPTHS:
+        run = run_of(model_overrides(L, width))
+        t = trace_step(run, layers=L, batch=1, ac="none")
+        ac = trace_step(run, layers=L, batch=1, ac="full")
+        out[L] = Counts(t.host_ops["fwd"] + t.host_ops["bwd"], _kernels(t), ac.host_ops["fwd"] + ac.host_ops["bwd"], _kernels(ac))
+    return out
+
+
+def _kernels(trace) -> int:
+    return sum(1 for op in trace.ops if op.kind != "mem" and op.phase in ("fwd", "bwd"))
+
+
+def fit_host(host_s: dict[str, float], counts: dict[int, Counts]) -> dict:
+    """The table's host section from the runs' host seconds per step ({"eager 2": s, ...}) and the counts."""
+    lo, hi = DEPTHS
+    blocks = hi - lo
+    ops_block = (counts[hi].ops - counts[lo].ops) / blocks
+    kernels_block = (counts[hi].kernels - counts[lo].kernels) / blocks
+    ac_ops_block = (counts[hi].ac_ops - counts[lo].ac_ops) / blocks  # the recomputed forward's included
+    ac_kernels_block = (counts[hi].ac_kernels - counts[lo].ac_kernels) / blocks
+    rest_ops = counts[lo].ops - lo * ops_block
+    rest_kernels = counts[lo].kernels - lo * kernels_block
+
+    def per_block(v):
+        return (host_s[f"{v} {hi}"] - host_s[f"{v} {lo}"]) / blocks
+
+    op_s = per_block("eager") / ops_block
+    out = {"op_s": op_s, "step_s": max(host_s[f"eager {lo}"] - counts[lo].ops * op_s, 0.0)}
+    if "tp 2" in host_s:
+        out["tp_kernel_s"] = max((per_block("tp") - per_block("eager")) / kernels_block, 0.0)
+        tp_fixed = host_s[f"tp {lo}"] - lo * per_block("tp") - rest_ops * op_s - rest_kernels * out["tp_kernel_s"]
+        out["tp_step_s"] = max(tp_fixed - out["step_s"], 0.0)
+    if "mb2 2" in host_s:  # the second microbatch beyond its own ops: accumulation, FSDP's extra unshard and sync
+        out["microbatch_block_s"] = max(per_block("mb2") - 2 * per_block("eager"), 0.0)
+        out["microbatch_rest_s"] = max(host_s[f"mb2 {lo}"] - lo * per_block("mb2") - 2 * rest_ops * op_s - out["step_s"], 0.0)
+    if "ac 2" in host_s:  # a checkpointed block beyond its ops, the recomputed forward's among them
+        out["ac_block_s"] = max(per_block("ac") - ac_ops_block * op_s, 0.0)
+    out["compiled_kernel_s"] = per_block("compiled") / kernels_block
+    if "ac compiled 2" in host_s:  # a compiled checkpointed block beyond its kernels (the recomputed ones included)
+        out["ac_compiled_block_s"] = max(per_block("ac compiled") - ac_kernels_block * out["compiled_kernel_s"], 0.0)
+    compiled_fixed = host_s[f"compiled {lo}"] - lo * per_block("compiled") - rest_ops * op_s
+    out["compiled_step_s"] = max(compiled_fixed - out["step_s"], 0.0)
+    out["measured_host_step_s"] = host_s
+    out["traced"] = {"ops_per_block": ops_block, "kernels_per_block": kernels_block, "rest_ops": rest_ops, "rest_kernels": rest_kernels,
+                     "ac_ops_per_block": ac_ops_block, "ac_kernels_per_block": ac_kernels_block}
+    return out
+
+
+
+
+def width_kernel_s(width: dict, device) -> float:
+    """kernel_s of the host model's block at `width` and its batch, priced on `device`."""
+    from fsdp_lab.plan.predict import Predictor, run_of
+
+    model = Predictor(run_of(model_overrides(2, width)), device, gpus_per_node=1).model("none")
+    block, _ = model.parts(width["batch"], 1, device)
+    return kernel_s(block["fwd"])
+
+
+def fit_widths(host_s: dict[str, float], device, quick: bool = False) -> list[dict]:
+    """A section per width (fit_host of its runs, from `host_s` by run name), with the width and its
+    block's kernel_s on `device` (the table's kernel sections), as host_figures reads them, and the
+    torch whose trace counted the ops."""
+    from fsdp_lab.plan.trace import traced_on
+
+    out = []
+    for w in widths(quick):
+        suffix = at_width(w)
+        own = {name.removesuffix(suffix): s for name, s in host_s.items() if name.endswith(suffix)}
+        out.append({**fit_host(own, traced_counts(w)), "dim": w["dim"], "block_kernel_s": width_kernel_s(w, device), "traced_on": traced_on()})
+    return out

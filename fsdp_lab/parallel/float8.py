@@ -1,0 +1,157 @@
+"""Float8 training (torchao): the model's nn.Linear layers swapped for Float8Linear before TP and
+FSDP (torchtitan's order), TP styles that cast to float8 before their collectives (tensorwise), and
+the weights' scales precomputed after each optimizer step where FSDP2 all-gathers them in float8.
+
+Where the device has no float8 matmul (CPU, GPUs before SM 8.9) torchao emulates it in high
+precision with float8 rounding, so CPU runs test the same path the GPUs take; speed only on GPUs."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+from torch import nn
+
+from fsdp_lab.config import Float8Config
+from fsdp_lab.models.init import takes_place_of
+
+log = logging.getLogger(__name__)
+
+# torch._scaled_mm takes float8 operands whose dimensions are multiples of 16.
+FLOAT8_MULTIPLE = 16
+
+
+def enabled(cfg: Float8Config) -> bool:
+    return cfg.recipe != "none"
+
+
+def skipped(name: str, cfg: Float8Config) -> bool:
+    """Whether the linear called `name` stays in high precision (float8.skip)."""
+    return any(name == s or name.endswith("." + s) or name.startswith(s + ".") for s in cfg.skip)
+
+
+def converted_linears(model: nn.Module, cfg: Float8Config) -> dict[str, nn.Linear]:
+    """The linears float8.recipe converts, by module name."""
+    return {name: m for name, m in model.named_modules() if type(m) is nn.Linear and not skipped(name, cfg)}
+
+
+def emulated(device: torch.device) -> bool:
+    """No float8 matmul here: torchao emulates it (and torch.compile cannot take the emulation)."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)
+
+
+def torchao_config(cfg: Float8Config, emulate: bool):
+    from torchao.float8 import Float8LinearConfig
+
+    base = Float8LinearConfig.from_recipe_name(cfg.recipe)
+    return dataclasses.replace(base, emulate=emulate, enable_fsdp_float8_all_gather=cfg.fsdp_all_gather)
+
+
+def apply_float8(model: nn.Module, cfg: Float8Config, device: torch.device) -> None:
+    """Swap the linears of `model` (a whole model or a pipeline stage) for torchao's Float8Linear."""
+    from torchao.float8 import convert_to_float8_training
+
+    chosen = converted_linears(model, cfg)
+    emulate = emulated(device)
+    convert_to_float8_training(model, config=torchao_config(cfg, emulate), module_filter_fn=lambda m, name: name in chosen)
+    for name, original in chosen.items():
+        takes_place_of(model.get_submodule(name), original)
+    log.info("float8: %s, %d linears converted, fsdp_all_gather=%s%s", cfg.recipe, len(chosen),
+             str(cfg.fsdp_all_gather).lower(), ", emulated (no float8 matmul on this device)" if emulate else "")
+
+
+def float8_tp_styles(cfg: Float8Config):
+    """(colwise, rowwise) style classes for converted linears: tensorwise casts to float8 before TP's
+    collectives (torchao's float8 TP styles); rowwise keeps PyTorch's, as torchtitan does."""
+    if cfg.recipe != "tensorwise":
+        return None
+    from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+    return Float8ColwiseParallel, Float8RowwiseParallel
+
+
+def float8_plan(module: nn.Module, plan: dict[str, object], cfg: Float8Config) -> dict[str, object]:
+    """`plan` (path under `module` -> style) with the styles of converted linears swapped for torchao's
+    float8 ones; each keeps the layouts the model's plan gave it."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torchao.float8.float8_linear import Float8Linear
+
+    styles = float8_tp_styles(cfg)
+    if styles is None:
+        return plan
+    colwise, rowwise = styles
+    out = dict(plan)
+    for path, style in plan.items():
+        if not isinstance(module.get_submodule(path), Float8Linear):
+            continue
+        for plain, f8 in ((ColwiseParallel, colwise), (RowwiseParallel, rowwise)):
+            if isinstance(style, plain):
+                swapped = f8()
+                vars(swapped).update(vars(style))  # layouts and use_local_output as the model's plan set them
+                out[path] = swapped
+    return out
+
+
+def precompute_scales_after_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """float8 all-gather: every float8 weight's scale from one all-reduce of amaxes after each
+    optimizer step, instead of one per weight inside the next forward."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    optimizer.register_step_post_hook(lambda opt, args, kwargs: precompute_float8_dynamic_scale_for_fsdp(model))
+    log.info("float8: weight scales precomputed after every optimizer.step")
+
+
+def _tp_split(model: nn.Module, plan) -> dict[str, str]:
+    """Module name -> colwise|rowwise under the model's TP plan."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    root_plan, block_plan = plan
+    names = {id(m): n for n, m in model.named_modules()}
+    placed = dict(root_plan) | {f"{names[id(b)]}.{path}": style for b in model.blocks for path, style in block_plan.items()}
+    kinds = {ColwiseParallel: "colwise", RowwiseParallel: "rowwise"}
+    return {name: kind for name, style in placed.items() for cls, kind in kinds.items() if isinstance(style, cls)}
+
+
+def check_float8(run, dims, device_type: str, model: nn.Module, tp_plan) -> None:
+    """What float8 training cannot do here, refused in one line before any rank starts. `model` is the
+    run's model on meta; `tp_plan` its family's plan when mesh.tp > 1 (else None)."""
+    from fsdp_lab.config import ConfigError
+
+    f, engine = run.float8, run.mesh.engine
+    if not enabled(f):
+        if f.fsdp_all_gather:
+            raise ConfigError("float8.fsdp_all_gather=true with float8.recipe=none: there are no float8 weights to gather; allowed: float8.recipe=tensorwise")
+        return
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"float8.recipe={f.recipe}: needs torchao (pip install 'fsdp_lab[float8]'); allowed without it: none") from None
+    if engine == "fsdp1":
+        raise ConfigError(f"float8.recipe={f.recipe} with mesh.engine=fsdp1: torchao's float8 training composes with fully_shard and DDP; allowed: mesh.engine=fsdp2|ddp")
+    if f.fsdp_all_gather and f.recipe != "tensorwise":
+        raise ConfigError(f"float8.fsdp_all_gather=true with float8.recipe={f.recipe}: only one scale per tensor can be gathered with its shards; allowed: float8.recipe=tensorwise")
+    if f.fsdp_all_gather and engine != "fsdp2":
+        raise ConfigError(f"float8.fsdp_all_gather=true with mesh.engine={engine}: only FSDP2 all-gathers weights; allowed: mesh.engine=fsdp2")
+    on_emulated = device_type == "cpu" or (device_type == "cuda" and torch.cuda.is_available() and emulated(torch.device("cuda", 0)))
+    if run.model.compile and on_emulated:
+        raise ConfigError(f"model.compile=true with float8.recipe={f.recipe} on a device without float8 matmuls (CPU, GPUs before SM 8.9): torchao's emulation cannot be compiled; allowed: model.compile=false")
+    if device_type == "cpu" and dims.tp_enabled and run.mesh.sequence_parallel and f.recipe == "tensorwise":
+        raise ConfigError("mesh.sequence_parallel=true with float8.recipe=tensorwise and mesh.tp>1 on CPU: torchao's float8 TP styles all-gather float8 tensors, which gloo cannot; allowed on CPU: mesh.sequence_parallel=false or float8.recipe=rowwise")
+    linears = converted_linears(model, f)
+    if not linears:
+        raise ConfigError(f"float8.recipe={f.recipe}: no nn.Linear of model.name={run.model.name} is left to convert (float8.skip={f.skip}); allowed: a float8.skip that keeps some, or float8.recipe=none")
+    split = _tp_split(model, tp_plan) if dims.tp_enabled and tp_plan is not None else {}
+    for name, m in linears.items():
+        out_f = m.out_features // dims.tp if split.get(name) == "colwise" else m.out_features
+        in_f = m.in_features // dims.tp if split.get(name) == "rowwise" else m.in_features
+        if out_f % FLOAT8_MULTIPLE or in_f % FLOAT8_MULTIPLE:
+            raise ConfigError(
+                f"float8.recipe={f.recipe}: linear {name} is {in_f} -> {out_f} per rank (mesh.tp={dims.tp}); float8 matmuls need both "
+                f"multiples of {FLOAT8_MULTIPLE}; allowed: float8.skip=[...,{name.rsplit('.', 1)[-1]}] to keep it in high precision, or other model dims"
+            )
+        if f.fsdp_all_gather and out_f % dims.dp_shard:
+            raise ConfigError(
+                f"float8.fsdp_all_gather=true: linear {name}'s weight has {out_f} rows per tp rank, which do not split over "
+                f"mesh.dp_shard={dims.dp_shard} ranks (torchao gathers even shards only); allowed: float8.fsdp_all_gather=false, a dp_shard dividing {out_f}, or float8.skip"
+            )

@@ -1,0 +1,138 @@
+"""float8 training (torchao, emulated on this CPU as CI runs it): the linears convert before TP and
+FSDP and start from the weights the high-precision reference starts from; FSDP2 (with float8
+all-gather) and FSDP2 x TP runs drift from the DDP reference within float8.parity_tolerance, and
+visibly more than fp32 does; every shape or combination torchao cannot take is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from fsdp_lab.config import Float8Config
+from fsdp_lab.models.transformer import TransformerConfig
+from fsdp_lab.estimate import estimate
+from fsdp_lab.models import build_meta, build_model, materializer
+from fsdp_lab.parallel.float8 import apply_float8, float8_plan
+from torchao.float8.float8_linear import Float8Linear
+from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+from in_process import run_lab_here
+from test_bad_input import assert_refused_before_any_rank_starts
+from warm_lab import run_lab_warm
+
+TINY = TransformerConfig(dim=16, n_layers=2, n_heads=2, ffn_dim=32, vocab_size=32)
+RUN = ("debug=cpu_tiny", "model.n_heads=2", "model.vocab_size=32", "optim=sgd", "optim.lr=0.1", "train.steps=3")
+
+
+def test_converted_linears_start_from_the_reference_weights():
+    reference = build_model(TINY, seed=3)
+    model = build_meta(TINY)
+    init = materializer(model, TINY, 3)
+    apply_float8(model, Float8Config(recipe="tensorwise"), torch.device("cpu"))
+    init.materialise(model, torch.device("cpu"))
+    converted = [n for n, m in model.named_modules() if isinstance(m, Float8Linear)]
+    assert len(converted) == 7 * TINY.n_layers and "output" not in converted, "every block linear but the skipped output"
+    for (name, p), (ref_name, ref) in zip(model.named_parameters(), reference.named_parameters()):
+        assert name == ref_name and torch.equal(p, ref), name
+
+
+def test_float8_skip_keeps_named_linears_in_high_precision():
+    model = build_meta(TINY)
+    apply_float8(model, Float8Config(recipe="rowwise", skip=["output", "w2", "layers.1"]), torch.device("cpu"))
+    kept = {n for n, m in model.named_modules() if type(m) is nn.Linear}
+    assert kept == {"output", "layers.0.feed_forward.w2"} | {n for n, m in model.layers[1].named_modules(prefix="layers.1") if isinstance(m, nn.Linear)}
+
+
+def test_tensorwise_tp_plan_swaps_converted_linears_for_torchaos_float8_styles_keeping_layouts():
+    block = build_meta(TINY).layers[0]
+    apply_float8(block, Float8Config(recipe="tensorwise", skip=["wv"]), torch.device("cpu"))
+    plan = {"attention.wq": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1))}
+    styles = float8_plan(block, plan, Float8Config(recipe="tensorwise"))
+    assert type(styles["attention.wq"]) is Float8ColwiseParallel
+    assert styles["attention.wv"] is plan["attention.wv"], "a linear left in high precision keeps PyTorch's style"
+    assert type(styles["attention.wo"]) is Float8RowwiseParallel and styles["attention.wo"].output_layouts == (Shard(1),)
+    assert styles["attention.wo"].input_layouts == (Shard(-1),) and plan["attention.wq"].output_layouts == (Shard(-1),)
+    assert float8_plan(block, plan, Float8Config(recipe="rowwise")) is plan, "rowwise keeps PyTorch's styles, as torchtitan"
+
+
+def test_the_estimate_traces_the_float8_model(prepared):
+    """mode=estimate runs the conversion under its fake tensors: the converted linears' casts show in
+    the traced activations (on this CPU torchao's emulated path: see docs/float8.md)."""
+    shape = ("mode=estimate", "debug=cpu_tiny", "mesh.dp_shard=2", "model.n_heads=2", "train.seq_len=16", "fsdp.param_dtype=bfloat16")
+    plain = estimate(*prepared(*shape))
+    float8 = estimate(*prepared(*shape, "float8.recipe=tensorwise", "float8.fsdp_all_gather=true"))
+    assert float8["model"] == plain["model"], "the same parameters"
+    assert float8["traced_peak_mib"] != plain["traced_peak_mib"] and float8["phases_mib"]["after_bwd"] > 0
+
+
+REFUSALS = [
+    ("float8.fsdp_all_gather=true",
+     "float8.fsdp_all_gather=true with float8.recipe=none: there are no float8 weights to gather; allowed: float8.recipe=tensorwise"),
+    ("float8.recipe=rowwise float8.fsdp_all_gather=true",
+     "float8.fsdp_all_gather=true with float8.recipe=rowwise: only one scale per tensor can be gathered with its shards; allowed: float8.recipe=tensorwise"),
+    ("float8.recipe=tensorwise mesh.engine=fsdp1",
+     "float8.recipe=tensorwise with mesh.engine=fsdp1: torchao's float8 training composes with fully_shard and DDP; allowed: mesh.engine=fsdp2|ddp"),
+    ("float8.recipe=tensorwise float8.fsdp_all_gather=true mesh=ddp",
+     "float8.fsdp_all_gather=true with mesh.engine=ddp: only FSDP2 all-gathers weights; allowed: mesh.engine=fsdp2"),
+    ("float8.recipe=tensorwise model.dim=24",
+     "float8.recipe=tensorwise: linear layers.0.attention.wq is 24 -> 24 per rank (mesh.tp=1); float8 matmuls need both multiples of 16"),
+    ("float8.recipe=rowwise mesh=tp2d",
+     "float8.recipe=rowwise: linear layers.0.attention.wq is 16 -> 8 per rank (mesh.tp=2); float8 matmuls need both multiples of 16"),
+    ("float8.recipe=tensorwise float8.fsdp_all_gather=true mesh.dp_shard=3 model.dim=32 model.ffn_dim=32",
+     "float8.fsdp_all_gather=true: linear layers.0.attention.wq's weight has 32 rows per tp rank, which do not split over mesh.dp_shard=3 ranks"),
+    ("float8.recipe=tensorwise model.compile=true",
+     "model.compile=true with float8.recipe=tensorwise on a device without float8 matmuls (CPU, GPUs before SM 8.9): torchao's emulation cannot be compiled"),
+    ("float8.recipe=tensorwise mesh=tp2d mesh.sequence_parallel=true model.dim=32 model.ffn_dim=64",
+     "mesh.sequence_parallel=true with float8.recipe=tensorwise and mesh.tp>1 on CPU: torchao's float8 TP styles all-gather float8 tensors, which gloo cannot"),
+    ("float8.recipe=tensorwise float8.skip=[layers,output]",
+     "float8.recipe=tensorwise: no nn.Linear of model.name=transformer is left to convert"),
+    ("float8.recipe=bf8", "float8.recipe=bf8: allowed are none, tensorwise, rowwise"),
+]
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("overrides,message", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_what_float8_cannot_do_is_refused_in_one_line(prepared, overrides, message):
+    with pytest.raises(ValueError) as refused:
+        prepared("debug=cpu_tiny", *overrides.split())
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.bad_input
+def test_the_cli_refuses_before_any_rank_starts_and_leaves_no_run_dir(tmp_path):
+    overrides = "debug=cpu_tiny float8.recipe=rowwise float8.fsdp_all_gather=true"
+    result = run_lab_here(*overrides.split(), run_dir=tmp_path / "run", as_rank=False)
+    assert_refused_before_any_rank_starts(result, "error: " + dict(REFUSALS)["float8.recipe=rowwise float8.fsdp_all_gather=true"], tmp_path / "run")
+
+
+def assert_float8_drift(result, world_size: int) -> dict:
+    """A float8 run ended ok, its parity a drift from the fp32 reference within float8.parity_tolerance:
+    larger than fp32's own tolerance (the linears did compute in float8), smaller than the stated one."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = result.summary
+    assert (s["status"], s["world_size"], s["steps"]) == ("ok", world_size, 3)
+    p = s["parity"]
+    assert p["ok"] and p["tolerance"] == Float8Config().parity_tolerance and p["reference"] == "ddp-fp32", p
+    assert 1e-5 < p["max_loss_abs_diff"] <= p["tolerance"], p
+    assert s["memory"]["phases_mib"]["after_bwd"] > 0, "memory per phase follows float8 runs"
+    return s
+
+
+@pytest.mark.slow
+def test_fsdp2_with_float8_all_gather_drifts_within_its_tolerance(tmp_path):
+    result = run_lab_warm(*RUN, "float8.recipe=tensorwise", "float8.fsdp_all_gather=true", run_dir=tmp_path / "run")
+    assert_float8_drift(result, 2)
+    out = result.stdout + result.stderr
+    assert "float8: tensorwise, 14 linears converted, fsdp_all_gather=true, emulated" in out
+    assert "float8: weight scales precomputed after every optimizer.step" in out
+
+
+@pytest.mark.slow
+def test_fsdp2_x_tp_with_float8_tp_styles_drifts_within_its_tolerance(tmp_path):
+    result = run_lab_warm(*RUN, "mesh=tp2d", "model.dim=32", "model.ffn_dim=64", "float8.recipe=tensorwise",
+                          "float8.fsdp_all_gather=true", run_dir=tmp_path / "run")
+    s = assert_float8_drift(result, 4)
+    assert {k: s["mesh"][k] for k in ("dp_shard", "tp")} == {"dp_shard": 2, "tp": 2}

@@ -1,0 +1,81 @@
+"""benchmarks/plan_vs_search.py: its comparison of the plan's ranking with measured trials (in process,
+over a study and run dirs written here), and the whole script once on 2 CPU ranks with a tiny model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import optuna
+import pytest
+from omegaconf import OmegaConf
+
+from benchmark_scripts import BENCHMARKS, load
+from fsdp_lab.cli_process import REPO, lab_env
+
+pvs = load("plan_vs_search")
+
+
+def layout(pp=1, rep=1, shard=2, tp=1, ac="none", mb=1, reshard=True) -> dict:
+    return {"pp": pp, "dp_replicate": rep, "dp_shard": shard, "tp": tp, "ac": ac, "microbatches": mb, "reshard": reshard}
+
+
+def measured_run(path, lay: dict, tokens_per_s: float, wrap_group: int = 1):
+    """A finished trial's run dir, as the lab writes it: the resolved config and summary.json."""
+    (path / ".hydra").mkdir(parents=True)
+    OmegaConf.save({"ac": {"mode": lay["ac"]}, "train": {"microbatches": lay["microbatches"]},
+                    "fsdp": {"reshard_after_forward": lay["reshard"]}, "wrap": {"group": wrap_group}, "model": {"compile": False}},
+                   path / ".hydra" / "config.yaml")
+    mesh = {k: lay[k] for k in ("pp", "dp_replicate", "dp_shard", "tp")}
+    (path / "summary.json").write_text(json.dumps({"mesh": mesh, "perf": {"tokens_per_s": tokens_per_s}}))
+    return path
+
+
+def trial(state, value=None, **attrs):
+    return optuna.trial.create_trial(state=state, value=value, params={}, distributions={}, user_attrs=attrs)
+
+
+def test_compare_finds_where_the_plans_ranking_contradicts_the_measurements(tmp_path):
+    fsdp, hsdp, ac, tp = layout(), layout(rep=2, shard=1), layout(ac="full"), layout(shard=1, tp=2)
+    study = optuna.create_study(direction="maximize")
+    ok = optuna.trial.TrialState.COMPLETE
+    for name, lay, tokens, group in (("a", fsdp, 1000.0, 1), ("a2", fsdp, 1100.0, 2), ("b", hsdp, 1300.0, 1),
+                                     ("c", ac, 1310.0, 1), ("d", tp, 500.0, 1)):
+        study.add_trial(trial(ok, tokens, run_dir=str(measured_run(tmp_path / name, lay, tokens, group))))
+    study.add_trial(trial(optuna.trial.TrialState.FAIL, fail_reason="refused: train.microbatches=3: must divide train.batch_size=4"))
+    plan_pick = tmp_path / "pick"
+    measured_run(plan_pick, fsdp, 1050.0)
+    # The plan's order: fsdp (its pick, measured 1050), tp, hsdp, ac.
+    candidates = [{"layout": fsdp, "fits": True, "tokens_per_s_per_gpu": 4000.0, "measured": {"run_dir": str(plan_pick)}},
+                  {"layout": tp, "fits": True, "tokens_per_s_per_gpu": 3900.0},
+                  {"layout": hsdp, "fits": True, "tokens_per_s_per_gpu": 3000.0},
+                  {"layout": ac, "fits": True, "tokens_per_s_per_gpu": 2000.0}]
+    result = pvs.compare({"candidates": candidates}, study)
+    assert result["search_best"]["tokens_per_s"] == 1310.0 and result["search_best"]["plan_rank"] == 4
+    assert result["plan_vs_search"] == pytest.approx(1050 / 1310)
+    assert result["failed_trials"] == {5: "refused: train.microbatches=3: must divide train.batch_size=4"}
+    # fsdp stands at its best measured (wrap.group=2, 1100); hsdp vs ac differ by < 3%: not a ranked pair.
+    pairs = {(pvs.key(d["faster_measured"]), pvs.key(d["plan_ranks_higher"])) for d in result["discordant_pairs"]}
+    # fsdp over tp agrees with the plan; every other ranked pair has the plan's order reversed.
+    expected = {(pvs.key(hsdp), pvs.key(fsdp)), (pvs.key(ac), pvs.key(fsdp)), (pvs.key(hsdp), pvs.key(tp)), (pvs.key(ac), pvs.key(tp))}
+    assert pairs == expected and result["ranked_pairs"] == 5
+    worst = result["discordant_pairs"][0]
+    assert pvs.key(worst["faster_measured"]) == pvs.key(ac) and worst["plan_ranks"] == [4, 2]
+    assert "reaches 80.2% of the search's best" in pvs.render({"comparison": result, "gpus": 2, "overrides": [], "validate": 1,
+                                                              "plan": {"gpu_s": 10.0, "wall_s": 20.0}, "search": {"gpu_s": 100.0, "wall_s": 60.0}})
+
+
+@pytest.mark.slow
+def test_the_script_runs_the_plan_and_a_study_on_cpu_ranks(tmp_path):
+    fixed = ["debug=cpu_tiny", "model.compile=false", "wrap.group=1", "ac=none", "fsdp.reshard_after_forward=true",
+             "mesh.degrees=choice(pp1-rep1-tp1,pp1-rep2-tp1)", "plan.estimate_top=0"]  # the plan's closed-form peaks only: no traces
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "plan_vs_search.py"), "--trials", "1", "--gpus", "2",
+                           "--out", str(tmp_path), "--", *fixed], cwd=REPO, env=lab_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "plan_vs_search.json").read_text())
+    r = result["comparison"]
+    assert r["trials"] == 1 and r["measured_trials"] == 1 and r["search_best"]["tokens_per_s"] > 0
+    assert r["plan_pick"]["measured_tokens_per_s"] > 0 and r["plan_vs_search"] > 0
+    assert result["plan"]["gpu_s"] > 0 and result["search"]["gpu_s"] > 0, "each side's jobs ran on 2 ranks"
+    assert "The plan against the search: 2 GPUs" in (tmp_path / "plan_vs_search.md").read_text()
