@@ -15,8 +15,8 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
-from fsdp_lab.compose import compose_cfg
 from config_space import GROUPS, command_line
+from fsdp_lab.compose import compose_cfg
 from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.estimate import ESTIMATE_FILE, run_estimate
 from fsdp_lab.mesh import ParallelDims
