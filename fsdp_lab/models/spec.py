@@ -75,3 +75,6 @@ class ModelSpec:
     """The config key that ties them, for the messages that refuse what tying breaks."""
     check: Callable[[Any, Any, Any, nn.Module], None] = _no_check
     """(config, run, dims, model on meta) -> raise ConfigError for what this family refuses."""
+    with_blocks: Optional[Callable[[Any, int], Any]] = None
+    """(config, n) -> the same model's config with its first n blocks (mode=plan traces a few blocks);
+    None = the model is built whole and its block list cut (fsdp_lab/models/depth.py)."""

@@ -1,7 +1,8 @@
 """Step time of one layout from the traced ops and a device table.
 
-Traces of 2 blocks and of the whole model at 1 and 2 samples give, by difference, what one block and
-what the rest of the model cost at any microbatch size (and so at any pipeline stage's depth). Each op is priced on the device: matmuls and
+Traces of 2 blocks and of a few more (the model's depth, at most TRACED_DEPTH blocks) at 1 and 2
+samples give, by difference, what one block and what the rest of the model cost at any microbatch
+size (and so at any depth and any pipeline stage's). Each op is priced on the device: matmuls and
 attention by shape from the measured tables, everything else by the bytes it moves. TP divides the
 matmuls and the sharded activations and adds its all-reduces; FSDP's all-gathers and
 reduce-scatters run on a comm stream beside the compute, unit by unit, as FSDP2 issues them
@@ -38,6 +39,9 @@ OPTIMIZER_BYTES_PER_PARAM = 28 + 4
 # On the H200 at 0.95B these bytes price 1.75 ms, the fused step measured 1.35 ms longer and the pass 2.07.
 CLIP_BYTES_PER_PARAM = 8
 SHARD_BYTES = 4  # FSDP2 keeps the sharded parameters and their gradients in float32
+# The deepest trace (blocks): a block's cost and memory are the difference of two depths, so a few
+# blocks tell them for any depth; a 70B model's 80 would take minutes to trace.
+TRACED_DEPTH = 4
 
 
 @dataclass(frozen=True)
@@ -125,8 +129,9 @@ def price(one: Trace, two: Trace, mb: int, tp: int, device: Device) -> dict[str,
 class Model:
     """What the traces of one AC mode say about the model, ready to price any layout."""
 
-    traces: dict[tuple[int, int], Trace]  # (blocks, samples) -> trace: (1, 1), (2, 1), (2, 2), (layers, 1), (layers, 2)
+    traces: dict[tuple[int, int], Trace]  # (blocks, samples) -> trace: (1, 1), (2, 1), (2, 2), (depth, 1), (depth, 2)
     layers: int  # the model's blocks
+    depth: int  # the deeper traces' blocks: min(layers, TRACED_DEPTH)
     block_params: int  # parameters of all blocks
     other_params: int
     param_bytes: int  # bytes per element the all-gathers move (fsdp.param_dtype)
@@ -137,7 +142,7 @@ class Model:
 
     def parts(self, mb: int, tp: int, device: Device) -> tuple[dict[str, Parts], dict[str, Parts]]:
         """(one block, the rest of the model) per phase, at microbatch size mb. Beyond 2 blocks, from
-        the whole model and 2 blocks, each priced op by op at mb samples: the blocks and the rest grow
+        the deeper traces and 2 blocks, each priced op by op at mb samples: the blocks and the rest grow
         with the batch at different rates (the output layer's matmul is efficient at any batch), so the
         1-block trace, which has one sample only, would misplace the difference between them."""
         key = (mb, tp, device.name)
@@ -146,11 +151,11 @@ class Model:
         return self._priced[key]
 
     def _parts(self, mb: int, tp: int, device: Device) -> tuple[dict[str, Parts], dict[str, Parts]]:
-        t, L = self.traces, self.layers
+        t, D = self.traces, self.depth
         two = price(t[(2, 1)], t[(2, 2)], mb, tp, device)
-        if L > 2:
-            whole = price(t[(L, 1)], t[(L, 2)], mb, tp, device)
-            block = {ph: (whole[ph] - two[ph]) / (L - 2) for ph in two}
+        if D > 2:
+            deep = price(t[(D, 1)], t[(D, 2)], mb, tp, device)
+            block = {ph: (deep[ph] - two[ph]) / (D - 2) for ph in two}
         else:
             block = {ph: two[ph] - _price_like(t[(1, 1)], t[(2, 1)], t[(2, 2)], mb, tp, device)[ph] for ph in two}
         rest = {ph: two[ph] - block[ph] - block[ph] for ph in two}

@@ -1,7 +1,7 @@
 """The candidates of a plan: every mesh of plan.gpus GPUs (pp x dp_replicate x dp_shard x tp, tp within
 a node), AC none/full, the microbatch counts that divide a rank's batch, resharding on/off; each one
 the lab itself accepts (the checks a run gets before its ranks start), priced, and ranked by
-predicted tokens/s per GPU among those that fit in memory."""
+predicted tokens/s per GPU among those that fit in memory (fits.py: the rule and its margin)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.plan.cost import Layout
+from fsdp_lab.plan.fits import estimable, estimated_peak_mib, fits
 from fsdp_lab.plan.predict import Predictor
-from fsdp_lab.validate import check_estimable, check_run
+from fsdp_lab.validate import check_run
 
 AC_MODES = ("none", "full")
 
@@ -93,48 +94,31 @@ class Candidate:
 
 
 def rank(run: RunConfig, predictor: Predictor, samples: int, flops_per_token: float) -> list[Candidate]:
-    """Every accepted layout priced; those that fit first, fastest first. The peaks are closed-form;
-    the best plan.estimate_top that the estimate takes get its figure at their own config."""
-    budget = predictor.device.memory_bytes * run.plan.memory_fraction
+    """Every accepted layout priced; those that fit first, fastest first. The closed-form peaks prune;
+    every candidate among the plan.top shown that would be marked as fitting first gets mode=estimate's
+    peak at its own config and the fits rule (fits.py); one the estimate does not take is not shown
+    as fitting."""
+    memory = predictor.device.memory_bytes
     tokens = samples * run.train.seq_len
     out = []
     for layout in layouts(run, samples):
         pred = {**predictor.predict(layout), "memory_from": "closed form"}
         per_gpu = tokens / run.plan.gpus / pred["step_time_s"]
-        out.append(Candidate(layout, pred, pred["peak_mib"] * 2**20 <= budget, per_gpu, per_gpu * flops_per_token / predictor.device.peak_flops))
+        out.append(Candidate(layout, pred, fits(pred["peak_mib"], run, memory), per_gpu, per_gpu * flops_per_token / predictor.device.peak_flops))
     order = lambda c: (not c.fits, -c.tokens_per_s)  # noqa: E731
     out.sort(key=order)
-    for _ in range(run.plan.estimate_top):
-        c = next((c for c in out if c.fits and c.prediction["memory_from"] == "closed form" and _estimable(run, c.layout)), None)
-        if c is None:
-            break
-        c.prediction.update(peak_mib=estimated_peak_mib(run, c.layout), memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])
-        c.fits = c.prediction["peak_mib"] * 2**20 <= budget
+    while unverified := [c for c in out[: run.plan.top] if c.fits and c.prediction["memory_from"] == "closed form"]:
+        for c in unverified:
+            _verify(run, c, predictor.facts.layers, memory)
         out.sort(key=order)
     return out
 
 
-def _estimate_run(run: RunConfig, layout: Layout) -> RunConfig:
-    """The layout's own run as mode=estimate takes it (compiled blocks hold what eager ones do)."""
-    traced = run_for(run, layout)
-    return dataclasses.replace(traced, mode="estimate", model=dataclasses.replace(traced.model, compile=False))
-
-
-def _estimable(run: RunConfig, layout: Layout) -> bool:
-    """Whether mode=estimate takes the layout's run: its own refusals decide."""
-    try:
-        check_estimable(_estimate_run(run, layout))
-    except ConfigError:
-        return False
-    return True
-
-
-def estimated_peak_mib(run: RunConfig, layout: Layout) -> float:
-    """mode=estimate's peak for the layout's own run (with pipeline stages, the largest pp rank's): what
-    the plan shows for its best candidates, and benchmarks/plan_accuracy.py checks against measured peaks."""
-    from fsdp_lab.estimate import estimate
-    from fsdp_lab.plan.trace import quiet
-
-    dims = ParallelDims.resolve(pp=layout.pp, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=layout.tp, world_size=layout.world)
-    with quiet():
-        return estimate(_estimate_run(run, layout), dims)["peak_mib"]
+def _verify(run: RunConfig, c: Candidate, layers: int, memory: float) -> None:
+    """The candidate's fits by the estimate's peak; one the estimate does not take cannot be shown as fitting."""
+    if not estimable(run, c.layout):
+        c.prediction["memory_from"], c.fits = "closed form, not estimable", False
+        return
+    peak = estimated_peak_mib(run, c.layout, layers)
+    c.prediction.update(peak_mib=peak, memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])
+    c.fits = fits(peak, run, memory)
