@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
+import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
@@ -45,5 +46,6 @@ def _forget_meshes() -> None:
     from torch.distributed.tensor import _redistribute
 
     DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", lambda: None)()  # the C++ fast path's (torch 2.13)
     _redistribute._gen_transform_infos.cache_clear()
     getattr(_redistribute, "clear_redistribute_planner_cache", lambda: None)()  # torch 2.13; 2.11 has none
