@@ -60,14 +60,15 @@ def traced_depths(layers: int, pp: int) -> tuple[int, int]:
     return (2, TRACED_DEPTH) if layers > TRACED_DEPTH else (layers, layers)
 
 
-def estimated_peak_mib(run: RunConfig, layout: Layout, layers: int) -> float:
+def estimated_peak_mib(run: RunConfig, layout: Layout, layers: int | None = None) -> float:
     """mode=estimate's peak for the layout's own run (with pipeline stages, the largest pp rank's) at
-    the model's `layers` blocks: what a candidate shown as fitting is judged by, and
-    benchmarks/plan_accuracy.py checks against measured peaks."""
+    the model's depth (`layers` blocks; None: counted on the model): what a candidate shown as fitting
+    is judged by, and benchmarks/plan_accuracy.py checks against measured peaks."""
     from fsdp_lab.estimate import estimate
     from fsdp_lab.models.depth import blocks_kept
-    from fsdp_lab.plan.trace import quiet
+    from fsdp_lab.plan.trace import model_facts, quiet
 
+    layers = layers or model_facts(run).layers
     dims = ParallelDims.resolve(pp=layout.pp, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=layout.tp, world_size=layout.world)
     depths = traced_depths(layers, layout.pp)
     results = []

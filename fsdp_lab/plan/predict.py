@@ -25,6 +25,7 @@ class Predictor:
     def __init__(self, run: RunConfig, device: Device, gpus_per_node: int):
         self.run, self.device, self.gpus_per_node = run, device, gpus_per_node
         self._models: dict[str, Model] = {}
+        self.estimated_peaks: dict[Layout, float] = {}  # mode=estimate's peak per layout (MiB), as plan/fits.py reads it
 
     @cached_property
     def facts(self) -> ModelFacts:

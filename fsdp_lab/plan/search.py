@@ -109,16 +109,19 @@ def rank(run: RunConfig, predictor: Predictor, samples: int, flops_per_token: fl
     out.sort(key=order)
     while unverified := [c for c in out[: run.plan.top] if c.fits and c.prediction["memory_from"] == "closed form"]:
         for c in unverified:
-            _verify(run, c, predictor.facts.layers, memory)
+            _verify(run, c, predictor, memory)
         out.sort(key=order)
     return out
 
 
-def _verify(run: RunConfig, c: Candidate, layers: int, memory: float) -> None:
+def _verify(run: RunConfig, c: Candidate, predictor: Predictor, memory: float) -> None:
     """The candidate's fits by the estimate's peak; one the estimate does not take cannot be shown as fitting."""
     if not estimable(run, c.layout):
         c.prediction["memory_from"], c.fits = "closed form, not estimable", False
         return
-    peak = estimated_peak_mib(run, c.layout, layers)
+    peaks = predictor.estimated_peaks
+    if c.layout not in peaks:
+        peaks[c.layout] = estimated_peak_mib(run, c.layout, predictor.facts.layers)
+    peak = peaks[c.layout]
     c.prediction.update(peak_mib=peak, memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])
     c.fits = fits(peak, run, memory)
