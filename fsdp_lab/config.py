@@ -482,6 +482,8 @@ class PlanConfig:
     train.seq_len per data-parallel rank of a pure FSDP layout."""
     max_microbatches: int = bounded(8, ge=1)
     """Largest train.microbatches tried."""
+    search_compile: bool = True
+    """Try compiled and eager blocks (model.compile); false: model.compile as configured."""
     memory_margin: float = bounded(0.10, ge=0)
     """What the caching allocator adds over the estimate's peak of live tensors (fragmentation, cached
     blocks, workspaces), as a fraction: a candidate fits when peak x (1 + margin) + estimate.reserved_mib

@@ -55,6 +55,7 @@ class Layout:
     microbatch_size: int  # samples per microbatch per dp rank
     reshard: bool
     compile: bool = False
+    wrap_group: int = 1  # blocks sharded as one FSDP unit (wrap.group)
 
     @property
     def world(self) -> int:
@@ -254,7 +255,11 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
         t = device.collective_s("reduce_scatter", n * model.reduce_bytes, sh_size, sh_inter) if shard > 1 else 0.0
         return t + device.collective_s("all_reduce", n * model.reduce_bytes / shard, rep_size, rep_inter)
 
-    mb = _simulate(L, fwd_b, bwd_b, fwd_r, bwd_r, gather(unit), reduce(unit), gather(root), reduce(root), layout.reshard)
+    # wrap.group=g: g blocks gathered and reduced as one unit (one collective each, latency paid once);
+    # FSDP's host work per unit is priced as traced (per block), which groups would lessen.
+    g = layout.wrap_group
+    mb = _simulate(L // g, _times(fwd_b, g), _times(bwd_b, g), fwd_r, bwd_r, gather(g * unit), reduce(g * unit), gather(root), reduce(root),
+                   layout.reshard)
     per_mb = max(mb["gpu"], mb["host"])
     if layout.pp > 1:
         p2p = device.collective_s("all_gather", 2 * block["fwd"].hidden_bytes, 2, pp_inter)
@@ -280,6 +285,10 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     host_bound = mb["idle"] > 0.1 * mb["gpu"] or host_s > passes
     return {"step_time_s": step, "gpu_s": mb["gpu"], "host_s": host_s, "comm_s": mb["comm"],
             "optimizer_s": optimizer, "host_bound": host_bound}
+
+
+def _times(work: Work, n: int) -> Work:
+    return Work(work.gpu * n, work.host * n)
 
 
 def _simulate(L: int, fb: Work, bb: Work, fr: Work, br: Work, ag, rs, ag_root, rs_root, reshard) -> dict[str, float]:

@@ -35,4 +35,6 @@ def peak_bytes(model: Model, layout: Layout) -> float:
     in_flight = min(layout.microbatches, layout.pp) if layout.pp > 1 else 1
     states = (L * unit + model.other_params) / layout.tp / layout.dp_shard * STATE_BYTES
     unsharded = 0.0 if layout.reshard or layout.dp_shard == 1 else max(L - 2, 0) * unit / layout.tp * model.param_bytes
-    return states + fixed / layout.tp + unsharded + act * layout.microbatch_size * in_flight
+    # Grouped units gather g blocks at once, two groups in flight where the trace held two blocks.
+    grouped = 0.0 if layout.dp_shard == 1 else 2 * (layout.wrap_group - 1) * unit / layout.tp * model.param_bytes
+    return states + fixed / layout.tp + unsharded + grouped + act * layout.microbatch_size * in_flight

@@ -58,7 +58,7 @@ def layout_of(run: RunConfig, world_size: int) -> Layout:
     raf = run.fsdp.reshard_after_forward
     return Layout(pp=m.pp, dp_replicate=m.dp_replicate, dp_shard=dp_shard, tp=m.tp, ac=run.ac.mode,
                   microbatches=t.microbatches, microbatch_size=t.batch_size // t.microbatches,
-                  reshard=raf is not False, compile=run.model.compile)
+                  reshard=raf is not False, compile=run.model.compile, wrap_group=run.wrap.group)
 
 
 def run_of(overrides: list[str]) -> RunConfig:

@@ -19,7 +19,7 @@ from fsdp_lab.sinks.files import write_json_atomic, write_summary
 PLAN_FILE = "plan.json"
 SUFFIX = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 # Overrides of the plan itself, or of what each candidate sets: left out of the candidates' command lines.
-OWN_KEYS = re.compile(r"^\+?(mode=|plan\.|mesh\.(pp|dp_replicate|dp_shard|tp|world_size)=|ac=|ac\.mode=|train\.(batch_size|global_batch_size|microbatches)=|fsdp\.reshard_after_forward=)")
+OWN_KEYS = re.compile(r"^\+?(mode=|plan\.|mesh\.(pp|dp_replicate|dp_shard|tp|world_size)=|ac=|ac\.mode=|train\.(batch_size|global_batch_size|microbatches)=|fsdp\.reshard_after_forward=|model\.compile=|wrap\.group=)")
 
 
 def global_batch_tokens(value) -> int | None:
@@ -77,12 +77,12 @@ def render(candidates: list[Candidate], header: dict, top: int, measured: dict[i
     lines = [f"Plan: {header['gpus']} x {header['device']} ({header['gpus_per_node']} per node), "
              f"{header['params'] / 1e6:.0f}M params in {header['blocks']} blocks, {header['tokens_per_step']:,} tokens per step",
              f"inter-node link {header['inter_node_gbps']:g} GB/s per GPU ({header['inter_node_source']}); {header['fits_rule']}",
-             f"{'#':>3} {'pp':>2} {'rep':>3} {'shard':>5} {'tp':>2} {'ac':>4} {'mb':>3} {'reshard':>7} {'peak GiB':>8} "
+             f"{'#':>3} {'pp':>2} {'rep':>3} {'shard':>5} {'tp':>2} {'ac':>4} {'mb':>3} {'reshard':>7} {'cmp':>3} {'grp':>3} {'peak GiB':>8} "
              f"{'step ms':>8} {'tok/s/GPU':>9} {'MFU':>5} {'fits':>4}" + ("  measured ms  error  peak GiB  runs" if measured else "")]
     for i, c in enumerate(candidates[:top]):
         lay, p = c.layout, c.prediction
         line = (f"{i + 1:>3} {lay.pp:>2} {lay.dp_replicate:>3} {lay.dp_shard:>5} {lay.tp:>2} {lay.ac:>4} {lay.microbatches:>3} "
-                f"{str(lay.reshard).lower():>7} {p['peak_mib'] / 1024:>8.1f} {p['step_time_s'] * 1e3:>8.1f} "
+                f"{str(lay.reshard).lower():>7} {'yes' if lay.compile else 'no':>3} {lay.wrap_group:>3} {p['peak_mib'] / 1024:>8.1f} {p['step_time_s'] * 1e3:>8.1f} "
                 f"{c.tokens_per_s:>9.0f} {c.mfu:>5.2f} {'yes' if c.fits else 'NO':>4}" + (" host-bound" if p["host_bound"] else "")
                 + f" ({p['memory_from']})")
         m = (measured or {}).get(i)

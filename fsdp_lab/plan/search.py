@@ -1,21 +1,25 @@
 """The candidates of a plan: every mesh of plan.gpus GPUs (pp x dp_replicate x dp_shard x tp, tp within
-a node), AC none/full, the microbatch counts that divide a rank's batch, resharding on/off; each one
+a node), AC none/full, the microbatch counts that divide a rank's batch, resharding on/off, compiled
+or eager blocks (plan.search_compile), wrap.group 1 or 2 (two blocks one FSDP unit); each one
 the lab itself accepts (the checks a run gets before its ranks start), priced, and ranked by
 predicted tokens/s per GPU among those that fit in memory (fits.py: the rule and its margin)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.models import build_meta
 from fsdp_lab.plan.cost import Layout
 from fsdp_lab.plan.fits import estimable, estimated_peak_mib, fits
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.validate import check_run
 
 AC_MODES = ("none", "full")
+GROUPS = (1, 2)  # wrap.group: the speed work found pairs of blocks per FSDP unit worth their memory
 
 
 def divisors(n: int) -> list[int]:
@@ -42,18 +46,21 @@ def run_for(run: RunConfig, layout: Layout) -> RunConfig:
                                  tp=layout.tp, world_size=layout.world),
         train=dataclasses.replace(run.train, batch_size=layout.microbatch_size * layout.microbatches, microbatches=layout.microbatches),
         ac=dataclasses.replace(run.ac, mode=layout.ac), fsdp=dataclasses.replace(run.fsdp, reshard_after_forward=layout.reshard),
+        model=dataclasses.replace(run.model, compile=layout.compile), wrap=dataclasses.replace(run.wrap, group=layout.wrap_group),
     )
 
 
 def overrides(layout: Layout) -> list[str]:
     return [f"mesh.pp={layout.pp}", f"mesh.dp_replicate={layout.dp_replicate}", f"mesh.dp_shard={layout.dp_shard}",
             f"mesh.tp={layout.tp}", f"ac={layout.ac}", f"train.batch_size={layout.microbatch_size * layout.microbatches}",
-            f"train.microbatches={layout.microbatches}", f"fsdp.reshard_after_forward={str(layout.reshard).lower()}"]
+            f"train.microbatches={layout.microbatches}", f"fsdp.reshard_after_forward={str(layout.reshard).lower()}",
+            f"model.compile={str(layout.compile).lower()}", f"wrap.group={layout.wrap_group}"]
 
 
 def layouts(run: RunConfig, samples: int) -> list[Layout]:
     """Every layout of plan.gpus GPUs the lab accepts, each rank getting samples / dp samples per step."""
     p = run.plan
+    built = {c: build_meta(dataclasses.replace(run.model, compile=c)) for c in compile_options(run)}  # checked, never changed
     out = []
     for pp, rep, shard, tp in meshes(p.gpus, p.gpus_per_node):
         dp = rep * shard
@@ -63,18 +70,22 @@ def layouts(run: RunConfig, samples: int) -> list[Layout]:
         for mbs in divisors(batch):
             if mbs > p.max_microbatches or (pp > 1 and mbs < pp):
                 continue
-            for ac in AC_MODES:
+            for ac, compiled, group in itertools.product(AC_MODES, compile_options(run), GROUPS if shard > 1 else (1,)):
                 for reshard in ((True, False) if shard > 1 and pp == 1 else (True,)):
-                    layout = Layout(pp, rep, shard, tp, ac, mbs, batch // mbs, reshard, run.model.compile)
-                    if _accepted(run, layout):
+                    layout = Layout(pp, rep, shard, tp, ac, mbs, batch // mbs, reshard, compiled, group)
+                    if _accepted(run, layout, built[compiled]):
                         out.append(layout)
     return out
 
 
-def _accepted(run: RunConfig, layout: Layout) -> bool:
+def compile_options(run: RunConfig) -> tuple[bool, ...]:
+    return (False, True) if run.plan.search_compile else (run.model.compile,)
+
+
+def _accepted(run: RunConfig, layout: Layout, model) -> bool:
     dims = ParallelDims.resolve(pp=layout.pp, dp_replicate=layout.dp_replicate, dp_shard=layout.dp_shard, tp=layout.tp, world_size=layout.world)
     try:
-        check_run(run_for(run, layout), dims, "cuda")
+        check_run(run_for(run, layout), dims, "cuda", model)
     except ConfigError:
         return False
     return True
