@@ -130,9 +130,13 @@ def _verify(run: RunConfig, c: Candidate, predictor: Predictor, memory: float) -
     if not estimable(run, c.layout):
         c.prediction["memory_from"], c.fits = "closed form, not estimable", False
         return
+    # A rank holds what its shard group, tp and pipeline stage give it: the replicas around it (HSDP's
+    # all-reduce works in the reduce-scatter's output) and compiling (traced eager) leave it as it is,
+    # so candidates that differ only there share one estimate, taken on the smallest world.
+    same = dataclasses.replace(c.layout, dp_replicate=1, compile=False)
     peaks = predictor.estimated_peaks
-    if c.layout not in peaks:
-        peaks[c.layout] = estimated_peak_mib(run, c.layout, predictor.facts.layers)
-    peak = peaks[c.layout]
+    if same not in peaks:
+        peaks[same] = estimated_peak_mib(run, same, predictor.facts.layers)
+    peak = peaks[same]
     c.prediction.update(peak_mib=peak, memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])
     c.fits = fits(peak, run, memory)
