@@ -7,10 +7,13 @@ and `mode=estimate` at the row's own overrides (plan/search.estimated_peak_mib, 
 shows for its best candidates), each with its error against the allocator's measured peak. The
 estimate takes about 2 s a row on a CPU core for the 1b model (30 s the whole set), so it always runs.
 
-    torchrun --nproc-per-node 2 benchmarks/plan_accuracy.py --out accuracy/     # GPUs: measure only
-    python benchmarks/plan_accuracy.py --predict-from accuracy/measured.json --device h200 --out accuracy/
+    torchrun --nproc-per-node 4 benchmarks/plan_accuracy.py --out accuracy/     # GPUs: measure only (2 or 4)
+    python benchmarks/plan_accuracy.py --predict-from accuracy/measured.json --device h100-80gb --out accuracy/
 
-Measured rows are written to OUT/measured.json as they come (a cut-off run keeps what it measured);
+Every configuration runs --repeats times (3), alternating (each round runs the whole set once, so a
+machine's drift falls on all rows alike); a row is the median step time of its runs and the largest
+peak. The set includes Llama-3-8B's shape (seq 4096, batch 2, full AC) and a transformers Llama
+(model=hf) of the 1b shape. Measured rounds are written to OUT/measured.json as they come (a cut-off run keeps what it measured);
 the table goes to OUT/accuracy.md. Nothing measured feeds the prediction: the device table's figures
 come from benchmarks/calibrate_device.py alone."""
 
@@ -35,6 +38,11 @@ COMMON = ("fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32", "train.seq_l
           "probes.perf.warmup_steps=5", "probes.parity.enabled=false", "logger=none")
 LLAMA_1B = ("model.dim=2048", "model.n_layers=16", "model.n_heads=16", "model.ffn_dim=5632", "model.vocab_size=32000")
 LLAMA_150M = ("model.dim=1024", "model.n_layers=8", "model.n_heads=8", "model.ffn_dim=2816", "model.vocab_size=32000")
+LLAMA_8B = ("model.dim=4096", "model.n_layers=32", "model.n_heads=32", "model.ffn_dim=14336", "model.vocab_size=128256",
+            "train.seq_len=4096")
+HF_LLAMA_1B = ("model=hf", "model.model_type=llama", "+model.config.hidden_size=2048", "+model.config.num_hidden_layers=16",
+               "+model.config.num_attention_heads=16", "+model.config.num_key_value_heads=16",
+               "+model.config.intermediate_size=5632", "+model.config.vocab_size=32000")
 LAYOUTS = {"fsdp": (), "hsdp": ("mesh.dp_replicate=2",), "tp2d": ("mesh.tp=2",)}
 # name -> (model, layout, extra overrides); batch 4 per dp rank (tp2d: 8, the same tokens per GPU pair)
 CONFIGS = {  # eager first, then compiled: a run cut off by a time limit keeps the most
@@ -56,25 +64,53 @@ CONFIGS = {  # eager first, then compiled: a run cut off by a time limit keeps t
     "150m fsdp ac compile": (LLAMA_150M, "fsdp", ("ac=full", "model.compile=true")),
     "150m fsdp mb2": (LLAMA_150M, "fsdp", ("train.microbatches=2",)),
     "150m tp2d compile": (LLAMA_150M, "tp2d", ("train.batch_size=8", "model.compile=true")),
+    "8b fsdp ac": (LLAMA_8B, "fsdp", ("train.batch_size=2", "ac=full")),
+    "8b tp2d ac": (LLAMA_8B, "tp2d", ("train.batch_size=4", "ac=full")),
+    "hf-1b fsdp": (HF_LLAMA_1B, "fsdp", ()),
+    "hf-1b fsdp ac": (HF_LLAMA_1B, "fsdp", ("ac=full",)),
 }
 
 
 def overrides_of(name: str) -> list[str]:
     model, layout, extra = CONFIGS[name]
-    return [*model, *COMMON, "train.batch_size=4", *LAYOUTS[layout], *extra]
+    return [*COMMON, *model, "train.batch_size=4", *LAYOUTS[layout], *extra]  # a model's own seq_len over COMMON's
 
 
-def measure(out: Path, names: list[str]) -> list[dict]:
+def measure(out: Path, names: list[str], repeats: int) -> list[dict]:
+    """Every configuration `repeats` times, a round of the whole set at a time; the rows their medians."""
+    rounds: list[list[dict]] = []
+
     def written(row, rows):
         print(json.dumps(row), flush=True)
-        (out / "measured.json").write_text(json.dumps(rows, indent=1))
+        (out / "measured.json").write_text(json.dumps(medians([*rounds, rows]), indent=1))
 
-    return run_all([(name, overrides_of(name)) for name in names], on_row=written)
+    for _ in range(repeats):
+        rounds.append(run_all([(name, overrides_of(name)) for name in names], on_row=written))
+    return medians(rounds)
+
+
+def medians(rounds: list[list[dict]]) -> list[dict]:
+    """One row per configuration from its runs over the rounds: the median step and host time, the
+    largest peak; failed while no run of it finished."""
+    by_name: dict[str, list[dict]] = {}
+    for rows in rounds:
+        for row in rows:
+            by_name.setdefault(row["config"], []).append(row)
+    out = []
+    for name, runs in by_name.items():
+        ok = [r for r in runs if r.get("step_time_s")]
+        row = {**runs[0], "runs": len(runs), "failed_runs": len(runs) - len(ok)}
+        if ok:
+            row.update({k: statistics.median(r[k] for r in ok) for k in ("step_time_s", "host_step_s", "tokens_per_s") if ok[0].get(k) is not None},
+                       step_times_s=[r["step_time_s"] for r in ok], peak_mib=max(r["peak_mib"] for r in ok))
+            row.pop("error", None)
+        out.append(row)
+    return out
 
 
 def predict(rows: list[dict], device: str, gpus_per_node: int) -> list[dict]:
     from fsdp_lab.plan.predict import layout_of, predict_overrides, run_of
-    from fsdp_lab.plan.search import estimated_peak_mib
+    from fsdp_lab.plan.fits import estimated_peak_mib
 
     for row in rows:
         world = row.get("world_size", 2)
@@ -136,7 +172,7 @@ def ranking(rows: list[dict], device: str, gpus_per_node: int) -> list[str]:
         if len(measured) < 2:
             continue
         gpus = measured[0].get("world_size", 2)
-        base = [*model, *COMMON, "train.batch_size=4", f"model.compile={str(compiled).lower()}"]
+        base = [*COMMON, *model, "train.batch_size=4", f"model.compile={str(compiled).lower()}"]
         run = compose_run(*base, "mode=plan", f"plan.gpus={gpus}", f"plan.gpus_per_node={min(gpus, gpus_per_node)}", f"plan.device={device}",
                           f"plan.global_batch_tokens={4 * gpus * 2048}")
         first = next(c for c in plan(run)[0] if c.fits)
@@ -161,11 +197,12 @@ def main() -> None:
     p.add_argument("--device", default="h200")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--only", nargs="*", help="configuration names (default: all)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each configuration, alternating (median)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if is_rank():  # under torchrun: measure only (the GPUs' time is for steps)
         world = int(os.environ["WORLD_SIZE"])  # hsdp and tp2d need two ranks; fsdp runs on any
-        measure(args.out, [n for n in args.only or CONFIGS if world >= 2 or CONFIGS[n][1] == "fsdp"])
+        measure(args.out, [n for n in args.only or CONFIGS if world >= 2 or CONFIGS[n][1] == "fsdp"], args.repeats)
         return
     if args.predict_from is None:
         p.error("run under torchrun to measure, or give --predict-from OUT/measured.json")

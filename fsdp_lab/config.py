@@ -360,22 +360,29 @@ class PlanConfig:
     """GPUs to plan for (the world size of every candidate)."""
     gpus_per_node: int = bounded(8, ge=1)
     """GPUs per node: tensor parallelism stays within a node; collectives across nodes use the network."""
-    device: str = choice("h100-80gb", "h100-80gb", "h200")
-    """Device table (fsdp_lab/plan/devices/<device>.json): speeds, links, memory."""
+    device: str = choice("h100-80gb", "auto", "h100-80gb", "h200")
+    """Device table (fsdp_lab/plan/devices/<device>.json): speeds, links, memory; auto = the table of
+    the GPU in hand (refused where none is visible or it has no table)."""
+    inter_node_gbps: Optional[float] = bounded(None, gt=0)
+    """Bandwidth per GPU between nodes, GB/s; null = the device table's assumption (printed with the plan)."""
     global_batch_tokens: Any = None
     """Tokens per optimizer step over all GPUs (int, or with a K/M suffix: 4M); null = train.batch_size x
     train.seq_len per data-parallel rank of a pure FSDP layout."""
     max_microbatches: int = bounded(8, ge=1)
     """Largest train.microbatches tried."""
-    memory_fraction: float = bounded(0.92, gt=0, le=1)
-    """Share of the device memory a candidate may use to count as fitting."""
+    search_compile: bool = True
+    """Try compiled and eager blocks (model.compile); false: model.compile as configured."""
+    memory_margin: float = bounded(0.10, ge=0)
+    """What the caching allocator adds over the estimate's peak of live tensors (fragmentation, cached
+    blocks, workspaces), as a fraction: a candidate fits when peak x (1 + margin) + estimate.reserved_mib
+    is within the device's memory. 0.10: on 4xH100 a run the closed form put at 62.9 GiB ran out of
+    memory with 73.4 GiB allocated of 79.2 (the allocator wanted over 7% more than its live tensors)."""
     top: int = bounded(15, ge=1)
-    """Rows printed (plan.json keeps every candidate)."""
-    estimate_top: int = bounded(2, ge=0)
-    """The best this many candidates (without tp or pp) get mode=estimate's peak at their own config in
-    place of the closed form (a full-depth trace each: slower, closer)."""
+    """Rows printed (plan.json keeps every candidate); each one shown as fitting has mode=estimate's peak."""
     validate: int = bounded(0, ge=0)
     """Run the best K fitting candidates here (GPUs: plan.gpus of them) and add measured step time and peak."""
+    validate_repeats: int = bounded(3, ge=1)
+    """Runs of each validated candidate, alternating between them; the median step time is reported."""
 
 
 @dataclass

@@ -4,10 +4,8 @@ estimate and plan modules may lift each limit, and then drop its check here)."""
 
 from __future__ import annotations
 
-import dataclasses
 
 from fsdp_lab.config import ConfigError, RunConfig
-from fsdp_lab.models import SPECS
 from fsdp_lab.parallel.wrap import wrap_units
 from fsdp_lab.user_code import built_on_meta
 
@@ -31,11 +29,7 @@ def check_estimate_limits(run: RunConfig) -> None:
 
 
 def check_plan_limits(run: RunConfig) -> None:
-    """mode=plan scales a model by `model.n_layers` (fsdp_lab/plan/predict.py): a family without
-    that field is refused until the planner counts the built model's blocks."""
-    if not hasattr(run.model, "n_layers"):
-        with_layers = sorted(name for name, spec in SPECS.items() if "n_layers" in {f.name for f in dataclasses.fields(spec.config)})
-        raise ConfigError(f"model.name={run.model.name} with mode=plan: the planner reads model.n_layers, which this family has not; allowed: model={'|'.join(with_layers)}")
+    """What mode=plan cannot take although a training run would."""
     layer_order = getattr(run.model, "layer_order", None)
     if layer_order is not None:
         # The planner traces the model at other depths (2 blocks, 1 block), where the order's indices do not exist.

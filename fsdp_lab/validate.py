@@ -132,13 +132,14 @@ def derive_batch_size(t: TrainConfig, dims: ParallelDims) -> None:
     t.batch_size = t.global_batch_size // dims.dp
 
 
-def check_run(run: RunConfig, dims: ParallelDims, device_type: str) -> None:
-    """Every subsystem's refusals of a run on `dims`, in an order where the broader come first."""
+def check_run(run: RunConfig, dims: ParallelDims, device_type: str, model=None) -> None:
+    """Every subsystem's refusals of a run on `dims`, in an order where the broader come first. `model`:
+    run.model built on meta, where the caller holds one (mode=plan checks thousands of layouts of one model)."""
     t = run.train
     if t.batch_size % t.microbatches:
         raise ConfigError(f"train.microbatches={t.microbatches}: must divide train.batch_size={t.batch_size}")
     family = model_spec(run.model.name)
-    model = built_on_meta(run.model)  # parameters on meta: shapes and structure, no memory
+    model = model if model is not None else built_on_meta(run.model)  # parameters on meta: shapes and structure, no memory
     check_fsdp(run, dims, device_type, family)
     check_accum(run, dims)
     check_tp(run, dims, family)

@@ -126,8 +126,6 @@ CATALOGUE = [
     ("mesh=nd fault.kind=corrupt_grad fault.module=layers.0 fault.kill_rank=7 fault.at_step=1 mesh.world_size=8", "error: fault.module=layers.0: not on fault.kill_rank=7, whose pipeline stage (mesh.pp rank 1) holds layers, layers.1, layers.1.attention_norm, layers.1.attention, layers.1.attention.wq, layers.1.attention.wk, ... (15 in all); allowed: a module of that stage, or another fault.kill_rank"),
     ("model=vit mode=estimate mesh.world_size=2", "error: wrap.policy=block with mode=estimate: it makes PatchEncoder a unit, called through forward_features, which torch's FSDPMemTracker cannot follow; allowed: wrap.policy=root|linear|size"),
     ("mesh=nd mode=estimate mesh.world_size=8", "error: mesh.tp=2 with mesh.pp=2 and mode=estimate: the estimate cannot trace tensor parallelism inside pipeline stages yet; allowed: mesh.tp=1 or mesh.pp=1"),
-    ("model=mlp mode=plan", "error: model.name=mlp with mode=plan: the planner reads model.n_layers, which this family has not; allowed: model=convnet|mlp_stack|multi_traversal|transformer"),
-    ("model=hf model.model_type=llama mode=plan", "error: model.name=hf with mode=plan: the planner reads model.n_layers, which this family has not; allowed: model=convnet|mlp_stack|multi_traversal|transformer"),
 ]
 
 

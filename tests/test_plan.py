@@ -21,14 +21,15 @@ from fsdp_lab.plan.device import Device, load_device
 from fsdp_lab.plan.host import kernel_s
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.run import PLAN_FILE, plan, run_plan
-from fsdp_lab.plan.search import _estimable, estimated_peak_mib, layouts, meshes, rank
+from fsdp_lab.plan.fits import estimable, estimated_peak_mib, needed_mib
+from fsdp_lab.plan.search import layouts, meshes, rank
 from fsdp_lab.plan.trace import Trace
 from warm_lab import run_lab_warm
 
 # A small Llama-style model planned for 64 H100s: its traces are quick, its layouts many.
 MODEL = ["model.dim=256", "model.n_layers=4", "model.n_heads=8", "model.ffn_dim=512", "model.vocab_size=1024",
          "train.seq_len=512", "fsdp.param_dtype=bfloat16", "logger=none"]
-PLAN_64 = ["mode=plan", "plan.gpus=64", "plan.gpus_per_node=8", "plan.device=h100-80gb", "plan.global_batch_tokens=512K"]
+PLAN_64 = ["mode=plan", "plan.gpus=64", "plan.gpus_per_node=8", "plan.device=h100-80gb", "plan.global_batch_tokens=512K", "plan.top=6"]
 
 
 @pytest.fixture(scope="module")
@@ -71,15 +72,16 @@ def test_a_64_gpu_plan_takes_under_a_minute_and_ranks_by_tokens_per_second(plann
 def test_candidates_that_do_not_fit_are_marked_and_never_first(planned):
     run, candidates, header, _, predictor = planned
     peaks = sorted(c.prediction["peak_mib"] for c in candidates)
-    # A budget between the smallest and the largest peak: some fit, some do not.
+    # A budget between the smallest and the largest peak (the margin set to leave that much): some fit, some do not.
     budget_mib = peaks[len(peaks) // 2]
-    fraction = budget_mib * 2**20 / predictor.device.memory_bytes
-    # estimate_top=0: the closed-form peaks alone (the 64-GPU test covers the estimated ones).
-    tight = dataclasses.replace(run, plan=dataclasses.replace(run.plan, memory_fraction=fraction, estimate_top=0))
-    ranked = rank(tight, predictor, header["samples_per_step"], 1.0)  # the same traces, a smaller budget
+    margin = predictor.device.memory_bytes / 2**20 / budget_mib - 1
+    tight = dataclasses.replace(run, plan=dataclasses.replace(run.plan, memory_margin=margin),
+                                estimate=dataclasses.replace(run.estimate, reserved_mib=0.0))
+    ranked = rank(tight, predictor, header["samples_per_step"], 1.0)  # the same traces (and estimates), a smaller budget
     fits = [c.fits for c in ranked]
     assert ranked[0].fits and not all(fits) and fits == sorted(fits, reverse=True)
     assert all((c.prediction["peak_mib"] <= budget_mib * 1.0001) == c.fits for c in ranked)
+    assert all(needed_mib(c.prediction["peak_mib"], tight) * 2**20 <= predictor.device.memory_bytes for c in ranked if c.fits)
     fastest = max(ranked, key=lambda c: c.tokens_per_s)
     if not fastest.fits:
         assert ranked[0] is not fastest
@@ -90,7 +92,7 @@ def test_plan_json_holds_every_candidate_as_a_ready_command_line(tmp_path, plann
     import fsdp_lab.plan.run as plan_run
 
     monkeypatch.setattr(plan_run, "Predictor", lambda *a: predictor)  # the module's traces: none taken again
-    run_plan(dataclasses.replace(run, plan=dataclasses.replace(run.plan, estimate_top=0)), tmp_path, [*MODEL, *PLAN_64])
+    run_plan(run, tmp_path, [*MODEL, *PLAN_64])  # the predictor's estimates are kept: none taken again
     written = json.loads((tmp_path / PLAN_FILE).read_text())
     rows = written["candidates"]
     assert len(rows) == len(candidates) and written["gpus"] == 64
@@ -122,13 +124,15 @@ def test_the_cost_model_moves_the_right_way(planned):
 @pytest.mark.slow
 def test_plan_validate_runs_the_best_candidate_here_and_reports_its_error(tmp_path):
     result = run_lab_warm(*MODEL, "model.n_layers=2", "train.seq_len=32", "mode=plan", "plan.gpus=2", "plan.gpus_per_node=2",
-                     "plan.device=h200", "plan.global_batch_tokens=128", "plan.validate=1", "plan.top=3",
-                     run_dir=tmp_path / "plan", timeout=900)
+                     "plan.device=h200", "plan.global_batch_tokens=128", "plan.validate=1", "plan.validate_repeats=2", "plan.top=3",
+                     "probes=off", run_dir=tmp_path / "plan", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     written = json.loads((result.run_dir / PLAN_FILE).read_text())
     measured = written["candidates"][0]["measured"]
-    assert measured["step_time_s"] > 0 and "step_time_error" in measured, measured
-    assert (result.run_dir / "validate" / "1" / "sweep_summary.json").exists()
+    # Two runs, their median; a peak measured though the experiment turns the memory probe off.
+    assert measured["runs"] == 2 and len(measured["step_times_s"]) == 2 and measured["peak_mib"] > 0, measured
+    assert measured["step_time_s"] == pytest.approx(sum(measured["step_times_s"]) / 2) and "step_time_error" in measured
+    assert all((result.run_dir / "validate" / "1" / f"run{r}" / "sweep_summary.json").exists() for r in (1, 2))
     assert "measured ms" in result.stdout
 
 
@@ -148,18 +152,18 @@ def test_top_candidates_closed_form_peak_is_near_the_estimate(planned):
 def test_tp_candidates_get_the_estimate_s_peak(planned):
     run, candidates, *_ = planned
     tp = next(c.layout for c in candidates if c.layout.tp == 2 and c.layout.pp == 1)
-    assert _estimable(run, tp)
+    assert estimable(run, tp)
     assert estimated_peak_mib(run, tp) > 0
 
 
 def test_the_estimate_s_own_refusals_decide_which_candidates_it_takes(planned):
     run, candidates, *_ = planned
     pp = next(c.layout for c in candidates if c.layout.pp == 2)
-    assert _estimable(run, pp)  # pipelines under the single-stage schedules are estimated
+    assert estimable(run, pp)  # pipelines under the single-stage schedules are estimated
     interleaved = dataclasses.replace(run, mesh=dataclasses.replace(run.mesh, pp_schedule="interleaved_1f1b"))
-    assert not _estimable(interleaved, pp)
+    assert not estimable(interleaved, pp)
     offloaded = dataclasses.replace(run, fsdp=dataclasses.replace(run.fsdp, cpu_offload=True))
-    assert not _estimable(offloaded, candidates[0].layout)
+    assert not estimable(offloaded, candidates[0].layout)
     assert estimated_peak_mib(run, pp) > 0
 
 

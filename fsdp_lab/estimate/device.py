@@ -7,9 +7,8 @@ import torch
 
 from fsdp_lab.config import EstimateConfig
 from fsdp_lab.memory_phases import MIB
+from fsdp_lab.plan.device import memory_gib
 
-# Total memory CUDA reports (cudaMemGetInfo), GiB.
-KNOWN_DEVICES_GIB = {"h100-80gb": 79.6, "h100-94gb": 93.6, "h200": 140.4, "a100-40gb": 40.0, "a100-80gb": 80.0}
 GIB = 1024
 
 
@@ -18,7 +17,7 @@ def device_memory(cfg: EstimateConfig) -> tuple[str, float] | None:
     if cfg.device_memory_gib is not None:
         return cfg.device or "estimate.device_memory_gib", cfg.device_memory_gib * GIB
     if cfg.device is not None:
-        return cfg.device, KNOWN_DEVICES_GIB[cfg.device] * GIB
+        return cfg.device, memory_gib(cfg.device) * GIB  # the one registry mode=plan reads too
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         return props.name, props.total_memory / MIB

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
+import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
@@ -34,3 +35,17 @@ def fake_world(world_size: int, rank: int):
     finally:
         dist.destroy_process_group()
         DeviceMesh.__init__ = init
+        _forget_meshes()
+
+
+def _forget_meshes() -> None:
+    """DTensor's caches hold the meshes of the world that filled them, and an equal mesh of the next
+    world finds them there (meshes compare by ranks and names): its collectives would then look up this
+    world's process groups by name, gone with it. A world's meshes die with it."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import _redistribute
+
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", lambda: None)()  # the C++ fast path's (torch 2.13)
+    _redistribute._gen_transform_infos.cache_clear()
+    getattr(_redistribute, "clear_redistribute_planner_cache", lambda: None)()  # torch 2.13; 2.11 has none

@@ -12,6 +12,7 @@ from torch import nn
 
 from fsdp_lab.config import ConfigError, ModelConfig
 from fsdp_lab.models import convnet, custom, fine_tune, hf, mlp, transformer_spec, vit
+from fsdp_lab.models.depth import cut_to_kept, kept_blocks
 from fsdp_lab.models.init import Materializer, meta_parameters
 from fsdp_lab.models.spec import ModelSpec
 
@@ -29,8 +30,13 @@ def model_spec(name: str) -> ModelSpec:
 
 def build_plain(cfg: ModelConfig) -> nn.Module:
     """The model as its family builds it, on the default device with the family's own (unseeded)
-    initialisation: for mode=estimate, whose FakeTensorMode makes every tensor fake."""
-    return model_spec(cfg.name).build(cfg)
+    initialisation: for mode=estimate, whose FakeTensorMode makes every tensor fake. Inside
+    fsdp_lab.models.depth.blocks_kept(n), its first n blocks only."""
+    spec = model_spec(cfg.name)
+    n = kept_blocks()
+    if n is not None and spec.with_blocks is not None:
+        return spec.build(spec.with_blocks(cfg, n))
+    return cut_to_kept(spec.build(cfg))
 
 
 def build_meta(cfg: ModelConfig) -> nn.Module:

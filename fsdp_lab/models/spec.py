@@ -78,3 +78,6 @@ class ModelSpec:
     load: Optional[Callable[[Any, nn.Module], None]] = None
     """(config, materialised model, possibly sharded) -> overwrite its local shards with trained
     weights (model.pretrained); None = the seed's initialisation stands."""
+    with_blocks: Optional[Callable[[Any, int], Any]] = None
+    """(config, n) -> the same model's config with its first n blocks (mode=plan traces a few blocks);
+    None = the model is built whole and its block list cut (fsdp_lab/models/depth.py)."""

@@ -3,6 +3,8 @@ stage and what it refuses."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
@@ -81,4 +83,6 @@ def check(cfg: TransformerConfig, run, dims, model: nn.Module) -> None:
 SPEC = ModelSpec(
     name="transformer", config=TransformerConfig, build=Transformer, tp_plan=tp_plan, sequence_parallel=True,
     pipeline_stage=TransformerStage, tied=lambda cfg: cfg.tie_embeddings, check=check,
+    # Its forward runs model.layer_order, which a cut block list would outrun.
+    with_blocks=lambda cfg, n: dataclasses.replace(cfg, n_layers=n, layer_order=None),
 )

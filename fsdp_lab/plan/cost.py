@@ -1,7 +1,8 @@
 """Step time of one layout from the traced ops and a device table.
 
-Traces of 2 blocks and of the whole model at 1 and 2 samples give, by difference, what one block and
-what the rest of the model cost at any microbatch size (and so at any pipeline stage's depth). Each op is priced on the device: matmuls and
+Traces of 2 blocks and of a few more (the model's depth, at most TRACED_DEPTH blocks) at 1 and 2
+samples give, by difference, what one block and what the rest of the model cost at any microbatch
+size (and so at any depth and any pipeline stage's). Each op is priced on the device: matmuls and
 attention by shape from the measured tables, everything else by the bytes it moves. TP divides the
 matmuls and the sharded activations and adds its all-reduces; FSDP's all-gathers and
 reduce-scatters run on a comm stream beside the compute, unit by unit, as FSDP2 issues them
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from fsdp_lab.mesh import MESH_DIM_NAMES, degrees, ranks
 from fsdp_lab.plan.device import Device
 from fsdp_lab.plan.host import kernel_s
-from fsdp_lab.plan.trace import Op, Trace
+from fsdp_lab.plan.trace import Trace
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 # Without sequence parallelism TP leaves the residual stream and the norms replicated: about this
@@ -39,6 +40,9 @@ OPTIMIZER_BYTES_PER_PARAM = 28 + 4
 # On the H200 at 0.95B these bytes price 1.75 ms, the fused step measured 1.35 ms longer and the pass 2.07.
 CLIP_BYTES_PER_PARAM = 8
 SHARD_BYTES = 4  # FSDP2 keeps the sharded parameters and their gradients in float32
+# The deepest trace (blocks): a block's cost and memory are the difference of two depths, so a few
+# blocks tell them for any depth; a 70B model's 80 would take minutes to trace.
+TRACED_DEPTH = 4
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Layout:
     microbatch_size: int  # samples per microbatch per dp rank
     reshard: bool
     compile: bool = False
+    wrap_group: int = 1  # blocks sharded as one FSDP unit (wrap.group)
 
     @property
     def world(self) -> int:
@@ -126,8 +131,9 @@ def price(one: Trace, two: Trace, mb: int, tp: int, device: Device) -> dict[str,
 class Model:
     """What the traces of one AC mode say about the model, ready to price any layout."""
 
-    traces: dict[tuple[int, int], Trace]  # (blocks, samples) -> trace: (1, 1), (2, 1), (2, 2), (layers, 1), (layers, 2)
+    traces: dict[tuple[int, int], Trace]  # (blocks, samples) -> trace: (1, 1), (2, 1), (2, 2), (depth, 1), (depth, 2)
     layers: int  # the model's blocks
+    depth: int  # the deeper traces' blocks: min(layers, TRACED_DEPTH)
     block_params: int  # parameters of all blocks
     other_params: int
     param_bytes: int  # bytes per element the all-gathers move (fsdp.param_dtype)
@@ -138,7 +144,7 @@ class Model:
 
     def parts(self, mb: int, tp: int, device: Device) -> tuple[dict[str, Parts], dict[str, Parts]]:
         """(one block, the rest of the model) per phase, at microbatch size mb. Beyond 2 blocks, from
-        the whole model and 2 blocks, each priced op by op at mb samples: the blocks and the rest grow
+        the deeper traces and 2 blocks, each priced op by op at mb samples: the blocks and the rest grow
         with the batch at different rates (the output layer's matmul is efficient at any batch), so the
         1-block trace, which has one sample only, would misplace the difference between them."""
         key = (mb, tp, device.name)
@@ -147,11 +153,11 @@ class Model:
         return self._priced[key]
 
     def _parts(self, mb: int, tp: int, device: Device) -> tuple[dict[str, Parts], dict[str, Parts]]:
-        t, L = self.traces, self.layers
+        t, D = self.traces, self.depth
         two = price(t[(2, 1)], t[(2, 2)], mb, tp, device)
-        if L > 2:
-            whole = price(t[(L, 1)], t[(L, 2)], mb, tp, device)
-            block = {ph: (whole[ph] - two[ph]) / (L - 2) for ph in two}
+        if D > 2:
+            deep = price(t[(D, 1)], t[(D, 2)], mb, tp, device)
+            block = {ph: (deep[ph] - two[ph]) / (D - 2) for ph in two}
         else:
             block = {ph: two[ph] - _price_like(t[(1, 1)], t[(2, 1)], t[(2, 2)], mb, tp, device)[ph] for ph in two}
         rest = {ph: two[ph] - block[ph] - block[ph] for ph in two}
@@ -250,7 +256,11 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
         t = device.collective_s("reduce_scatter", n * model.reduce_bytes, sh_size, sh_inter) if shard > 1 else 0.0
         return t + device.collective_s("all_reduce", n * model.reduce_bytes / shard, rep_size, rep_inter)
 
-    mb = _simulate(L, fwd_b, bwd_b, fwd_r, bwd_r, gather(unit), reduce(unit), gather(root), reduce(root), layout.reshard)
+    # wrap.group=g: g blocks gathered and reduced as one unit (one collective each, latency paid once);
+    # FSDP's host work per unit is priced as traced (per block), which groups would lessen.
+    g = layout.wrap_group
+    mb = _simulate(L // g, _times(fwd_b, g), _times(bwd_b, g), fwd_r, bwd_r, gather(g * unit), reduce(g * unit), gather(root), reduce(root),
+                   layout.reshard)
     per_mb = max(mb["gpu"], mb["host"])
     if layout.pp > 1:
         p2p = device.collective_s("all_gather", 2 * block["fwd"].hidden_bytes, 2, pp_inter)
@@ -276,6 +286,10 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     host_bound = mb["idle"] > 0.1 * mb["gpu"] or host_s > passes
     return {"step_time_s": step, "gpu_s": mb["gpu"], "host_s": host_s, "comm_s": mb["comm"],
             "optimizer_s": optimizer, "host_bound": host_bound}
+
+
+def _times(work: Work, n: int) -> Work:
+    return Work(work.gpu * n, work.host * n)
 
 
 def _simulate(L: int, fb: Work, bb: Work, fr: Work, br: Work, ag, rs, ag_root, rs_root, reshard) -> dict[str, float]:

@@ -1,15 +1,19 @@
-"""A device table (fsdp_lab/plan/devices/<name>.json, written by benchmarks/calibrate_device.py) as
-the time of one kernel, one collective or one eager op on that device."""
+"""The lab's one registry of GPUs, for mode=plan and mode=estimate alike: a device table
+(fsdp_lab/plan/devices/<name>.json, written by benchmarks/calibrate_device.py) as the time of one
+kernel, one collective or one eager op on that device, and its memory (`memory_gib`); GPUs without a
+table are known by their memory alone (MEMORY_ONLY_GIB)."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
 DEVICES_DIR = Path(__file__).resolve().parent / "devices"
+# Total memory CUDA reports (cudaMemGetInfo), GiB, of GPUs the estimate may fit on but no table times.
+MEMORY_ONLY_GIB = {"h100-94gb": 93.6, "a100-40gb": 40.0, "a100-80gb": 80.0}
 
 
 def _nearest(points: list[tuple[tuple[float, ...], float]], key: tuple[float, ...], k: int = 3) -> float:
@@ -38,6 +42,16 @@ RING = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1)
 class Device:
     name: str
     table: dict
+    inter_node_gbps: float | None = None
+    """Bandwidth per GPU between nodes, GB/s, over the table's assumption (plan.inter_node_gbps)."""
+
+    @property
+    def link_gbps(self) -> float:
+        return self.inter_node_gbps or self.table["spec"]["inter_node_gbps"]
+
+    @property
+    def link_source(self) -> str:
+        return "plan.inter_node_gbps" if self.inter_node_gbps else "the table's assumption, not measured"
 
     @property
     def memory_bytes(self) -> float:
@@ -79,7 +93,7 @@ class Device:
         latency, bandwidth = _collective_fit(self.name, kind)
         if inter_node:
             spec = self.table["spec"]
-            latency, bandwidth = spec["inter_node_latency_s"], min(bandwidth, spec["inter_node_gbps"] * 1e9)
+            latency, bandwidth = spec["inter_node_latency_s"], min(bandwidth, self.link_gbps * 1e9)
         return latency * math.log2(group) + RING[kind](group) * nbytes / bandwidth
 
     def elementwise(self, figure: str, unmeasured: float) -> float:
@@ -111,6 +125,38 @@ class Device:
 @lru_cache(maxsize=None)
 def load_device(name: str) -> Device:
     return Device(name, json.loads((DEVICES_DIR / f"{name}.json").read_text()))
+
+
+def tables() -> list[str]:
+    """The devices with a timing table."""
+    return sorted(p.stem for p in DEVICES_DIR.glob("*.json"))
+
+
+def memory_gib(name: str) -> float:
+    """A known device's memory, GiB: its table's where it has one."""
+    return load_device(name).table["spec"]["memory_gib"] if name in tables() else MEMORY_ONLY_GIB[name]
+
+
+def device_in_hand() -> str:
+    """The table of the GPU this process sees (plan.device=auto); ConfigError where none fits."""
+    import torch
+
+    from fsdp_lab.config import ConfigError
+
+    allowed = ", ".join(tables())
+    if not torch.cuda.is_available():
+        raise ConfigError(f"plan.device=auto: no GPU is visible here to take the table of; allowed: {allowed}")
+    props = torch.cuda.get_device_properties(0)
+    gib = props.total_memory / 2**30
+    for name in tables():
+        if name.split("-")[0].upper() in props.name.upper() and abs(memory_gib(name) - gib) < 2:
+            return name
+    raise ConfigError(f"plan.device=auto: the GPU here ({props.name}, {gib:.1f} GiB) has no device table; allowed: {allowed}")
+
+
+def plan_device(name: str, inter_node_gbps: float | None = None) -> Device:
+    """The device a plan prices on: plan.device (auto: the GPU in hand), with plan.inter_node_gbps."""
+    return replace(load_device(device_in_hand() if name == "auto" else name), inter_node_gbps=inter_node_gbps)
 
 
 @lru_cache(maxsize=None)

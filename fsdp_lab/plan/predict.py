@@ -8,22 +8,25 @@ from functools import cached_property
 
 from fsdp_lab.config import RunConfig
 from fsdp_lab.mesh import ParallelDims, degrees
-from fsdp_lab.plan.cost import DTYPE_BYTES, Layout, Model, step_time
+from fsdp_lab.plan.cost import DTYPE_BYTES, TRACED_DEPTH, Layout, Model, step_time
 from fsdp_lab.plan.device import Device
 from fsdp_lab.plan.memory import peak_bytes
 from fsdp_lab.plan.trace import ModelFacts, model_facts, trace_step
 
 
 def traced_shapes(layers: int) -> list[tuple[int, int]]:
-    """(blocks, samples) of the traces a model's cost and memory are read from: 2 blocks and the whole
-    model at 1 and 2 samples; 1 block too where the model has no more than 2 (plan/cost.Model.parts)."""
-    return list(dict.fromkeys([(2, 1), (2, 2), (layers, 1), (layers, 2), *([(1, 1)] if layers <= 2 else [])]))
+    """(blocks, samples) of the traces a model's cost and memory are read from: 2 blocks and
+    min(layers, TRACED_DEPTH) at 1 and 2 samples; 1 block too where the model has no more than 2
+    (plan/cost.Model.parts)."""
+    deep = min(layers, TRACED_DEPTH)
+    return list(dict.fromkeys([(2, 1), (2, 2), (deep, 1), (deep, 2), *([(1, 1)] if layers <= 2 else [])]))
 
 
 class Predictor:
     def __init__(self, run: RunConfig, device: Device, gpus_per_node: int):
         self.run, self.device, self.gpus_per_node = run, device, gpus_per_node
         self._models: dict[str, Model] = {}
+        self.estimated_peaks: dict[Layout, float] = {}  # mode=estimate's peak per layout (MiB), as plan/fits.py reads it
 
     @cached_property
     def facts(self) -> ModelFacts:
@@ -34,10 +37,10 @@ class Predictor:
             block, other = self.facts.block_params, self.facts.other_params
             f = self.run.fsdp
             param_dtype = f.param_dtype or "float32"
-            layers = self.run.model.n_layers
+            layers = self.facts.layers
             self._models[ac] = Model(
                 traces={key: trace_step(self.run, layers=key[0], batch=key[1], ac=ac) for key in traced_shapes(layers)},
-                layers=layers, block_params=block, other_params=other,
+                layers=layers, depth=min(layers, TRACED_DEPTH), block_params=block, other_params=other,
                 param_bytes=DTYPE_BYTES[param_dtype], reduce_bytes=DTYPE_BYTES[f.reduce_dtype or param_dtype],
                 seq_len=self.run.train.seq_len, clips=self.run.optim.max_norm is not None,
             )
@@ -55,7 +58,7 @@ def layout_of(run: RunConfig, world_size: int) -> Layout:
     raf = run.fsdp.reshard_after_forward
     return Layout(**degrees(ParallelDims.from_mesh(m, world_size)), ac=run.ac.mode,
                   microbatches=t.microbatches, microbatch_size=t.batch_size // t.microbatches,
-                  reshard=raf is not False, compile=run.model.compile)
+                  reshard=raf is not False, compile=run.model.compile, wrap_group=run.wrap.group)
 
 
 def run_of(overrides: list[str]) -> RunConfig:

@@ -4,13 +4,15 @@ run the best K here and put the measured figures beside the predictions."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from pathlib import Path
 
 from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.mesh import MESH_DIM_NAMES
-from fsdp_lab.plan.device import load_device
+from fsdp_lab.plan.device import plan_device
+from fsdp_lab.plan.fits import rule
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.search import Candidate, rank
 from fsdp_lab.sinks.files import write_json_atomic, write_summary
@@ -18,7 +20,7 @@ from fsdp_lab.sinks.files import write_json_atomic, write_summary
 PLAN_FILE = "plan.json"
 SUFFIX = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 # Overrides of the plan itself, or of what each candidate sets: left out of the candidates' command lines.
-OWN_KEYS = re.compile(rf"^\+?(mode=|plan\.|mesh\.({'|'.join(MESH_DIM_NAMES)}|world_size)=|ac=|ac\.mode=|train\.(batch_size|global_batch_size|microbatches)=|fsdp\.reshard_after_forward=)")
+OWN_KEYS = re.compile(rf"^\+?(mode=|plan\.|mesh\.({'|'.join(MESH_DIM_NAMES)}|world_size)=|ac=|ac\.mode=|train\.(batch_size|global_batch_size|microbatches)=|fsdp\.reshard_after_forward=|model\.compile=|wrap\.group=)")
 
 
 def global_batch_tokens(value) -> int | None:
@@ -41,6 +43,10 @@ def check_plan(run: RunConfig) -> None:
         raise ConfigError(f"plan.global_batch_tokens={p.global_batch_tokens}: must be a multiple of train.seq_len={run.train.seq_len}")
     if p.validate and p.validate > p.top:
         raise ConfigError(f"plan.validate={p.validate}: at most plan.top={p.top} candidates")
+    plan_device(p.device)  # auto: refused here where no GPU with a table is in hand
+    from fsdp_lab.plan.trace import model_facts
+
+    model_facts(run)  # a model without blocks is refused before anything runs
 
 
 def samples_per_step(run: RunConfig, tokens_per_sample: int) -> int:
@@ -50,14 +56,16 @@ def samples_per_step(run: RunConfig, tokens_per_sample: int) -> int:
 
 def plan(run: RunConfig, predictor: Predictor | None = None) -> tuple[list[Candidate], dict]:
     """Every candidate, ranked, and what the plan is for. A predictor given keeps the traces it took."""
-    predictor = predictor or Predictor(run, load_device(run.plan.device), run.plan.gpus_per_node)
-    facts = predictor.facts
+    predictor = predictor or Predictor(run, plan_device(run.plan.device, run.plan.inter_node_gbps), run.plan.gpus_per_node)
+    facts, device = predictor.facts, predictor.device
     samples = samples_per_step(run, facts.tokens_per_sample)
     candidates = rank(run, predictor, samples, facts.flops_per_token)
-    header = {"gpus": run.plan.gpus, "gpus_per_node": run.plan.gpus_per_node, "device": run.plan.device,
-              "device_source": predictor.device.table["source"], "samples_per_step": samples,
+    header = {"gpus": run.plan.gpus, "gpus_per_node": run.plan.gpus_per_node, "device": device.name,
+              "device_source": device.table["source"], "samples_per_step": samples,
               "tokens_per_step": samples * facts.tokens_per_sample,
-              "params": facts.block_params + facts.other_params}
+              "params": facts.block_params + facts.other_params, "blocks": facts.layers,
+              "fits_rule": rule(run, device.memory_bytes), "memory_margin": run.plan.memory_margin,
+              "inter_node_gbps": device.link_gbps, "inter_node_source": device.link_source}
     return candidates, header
 
 
@@ -68,36 +76,62 @@ def command_line(user_overrides: list[str], candidate: Candidate) -> str:
 
 def render(candidates: list[Candidate], header: dict, top: int, measured: dict[int, dict] | None = None) -> str:
     lines = [f"Plan: {header['gpus']} x {header['device']} ({header['gpus_per_node']} per node), "
-             f"{header['params'] / 1e6:.0f}M params, {header['tokens_per_step']:,} tokens per step",
-             f"{'#':>3} {'pp':>2} {'rep':>3} {'shard':>5} {'tp':>2} {'ac':>4} {'mb':>3} {'reshard':>7} {'peak GiB':>8} "
-             f"{'step ms':>8} {'tok/s/GPU':>9} {'MFU':>5} {'fits':>4}" + ("  measured ms  error  peak GiB" if measured else "")]
+             f"{header['params'] / 1e6:.0f}M params in {header['blocks']} blocks, {header['tokens_per_step']:,} tokens per step",
+             f"inter-node link {header['inter_node_gbps']:g} GB/s per GPU ({header['inter_node_source']}); {header['fits_rule']}",
+             f"{'#':>3} {'pp':>2} {'rep':>3} {'shard':>5} {'tp':>2} {'ac':>4} {'mb':>3} {'reshard':>7} {'cmp':>3} {'grp':>3} {'peak GiB':>8} "
+             f"{'step ms':>8} {'tok/s/GPU':>9} {'MFU':>5} {'fits':>4}" + ("  measured ms  error  peak GiB  runs" if measured else "")]
     for i, c in enumerate(candidates[:top]):
         lay, p = c.layout, c.prediction
         line = (f"{i + 1:>3} {lay.pp:>2} {lay.dp_replicate:>3} {lay.dp_shard:>5} {lay.tp:>2} {lay.ac:>4} {lay.microbatches:>3} "
-                f"{str(lay.reshard).lower():>7} {p['peak_mib'] / 1024:>8.1f} {p['step_time_s'] * 1e3:>8.1f} "
+                f"{str(lay.reshard).lower():>7} {'yes' if lay.compile else 'no':>3} {lay.wrap_group:>3} {p['peak_mib'] / 1024:>8.1f} {p['step_time_s'] * 1e3:>8.1f} "
                 f"{c.tokens_per_s:>9.0f} {c.mfu:>5.2f} {'yes' if c.fits else 'NO':>4}" + (" host-bound" if p["host_bound"] else "")
-                + (" peak-estimated" if p["memory_from"] == "estimate" else ""))
+                + f" ({p['memory_from']})")
         m = (measured or {}).get(i)
         if m:
-            line += (f"  {m['step_time_s'] * 1e3:>9.1f} {m['step_time_error']:+6.1%} {m['peak_mib'] / 1024:>8.1f}" if "step_time_s" in m
-                     else f"  failed: {m.get('error')}")
+            line += _measured(m)
         lines.append(line)
     fitting = sum(c.fits for c in candidates)
     lines.append(f"{len(candidates)} candidates, {fitting} fit in memory")
     return "\n".join(lines)
 
 
+def _measured(m: dict) -> str:
+    """A validated candidate's columns: a figure missing (a run that measured no peak) shows n/a."""
+    if "step_time_s" not in m:
+        return f"  failed: {m.get('error')}"
+    peak = f"{m['peak_mib'] / 1024:>8.1f}" if m.get("peak_mib") is not None else f"{'n/a':>8}"
+    runs = f"{m.get('runs', 1) - m.get('failed_runs', 0)}/{m.get('runs', 1)}"
+    failed = f"  failed: {m['error']}" if m.get("error") else ""
+    return f"  {m['step_time_s'] * 1e3:>9.1f} {m['step_time_error']:+6.1%} {peak}  {runs:>4}{failed}"
+
+
 def run_plan(run: RunConfig, run_dir: Path, user_overrides: list[str]) -> None:
     candidates, header = plan(run)
     rows = [{**c.row(), "command": command_line(user_overrides, c)} for c in candidates]
-    measured = None
-    if run.plan.validate:
+    best = rows[0] if candidates and candidates[0].fits else None
+    _write(run, run_dir, header, rows, best)
+    print(render(candidates, header, run.plan.top), flush=True)
+    if run.plan.validate:  # the table is written and printed first: a validation that fails loses nothing
         from fsdp_lab.plan.validate_runs import validate
 
-        measured = validate(candidates[: run.plan.validate], rows, user_overrides, run_dir)
+        measured = validate(candidates[: run.plan.validate], rows, user_overrides, run_dir, run.plan.validate_repeats)
+        _write(run, run_dir, header, rows, best)
+        print(render(candidates, header, run.plan.top, measured), flush=True)
+    print(f"plan: best {best['command']}" if best else "plan: no candidate fits in memory", flush=True)
+
+
+def _write(run: RunConfig, run_dir: Path, header: dict, rows: list[dict], best: dict | None) -> None:
     write_json_atomic(run_dir / PLAN_FILE, {**header, "candidates": rows})
-    best = candidates[0] if candidates and candidates[0].fits else None
     write_summary(run_dir, {"status": "ok", "error": None, "mode": "plan", "steps": 0, "world_size": run.plan.gpus,
-                            "device": run.plan.device, "best": rows[0] if best else None})
-    print(render(candidates, header, run.plan.top, measured), flush=True)
-    print(f"plan: best {rows[0]['command']}" if best else "plan: no candidate fits in memory", flush=True)
+                            "device": header["device"], "best": best})
+
+
+def best_fitting_layout(run: RunConfig, gpus: int, device: str, gpus_per_node: int | None = None) -> Candidate | None:
+    """The fastest candidate for `run`'s model, batch and settings on `gpus` GPUs of `device` (a table's
+    name or auto) that fits by the rule of plan/fits.py, None where none does: `candidate.layout`, and
+    `candidate.row()["overrides"]` the overrides that run it. ConfigError for what mode=plan refuses."""
+    per_node = min(gpus, gpus_per_node or run.plan.gpus_per_node)
+    planned = dataclasses.replace(run, mode="plan", plan=dataclasses.replace(run.plan, gpus=gpus, device=device, gpus_per_node=per_node))
+    check_plan(planned)
+    candidates, _ = plan(planned)
+    return candidates[0] if candidates and candidates[0].fits else None

@@ -1,21 +1,25 @@
 """The candidates of a plan: every mesh of plan.gpus GPUs (pp x dp_replicate x dp_shard x tp, tp within
-a node), AC none/full, the microbatch counts that divide a rank's batch, resharding on/off; each one
+a node), AC none/full, the microbatch counts that divide a rank's batch, resharding on/off, compiled
+or eager blocks (plan.search_compile), wrap.group 1 or 2 (two blocks one FSDP unit); each one
 the lab itself accepts (the checks a run gets before its ranks start), priced, and ranked by
-predicted tokens/s per GPU among those that fit in memory."""
+predicted tokens/s per GPU among those that fit in memory (fits.py: the rule and its margin)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 from fsdp_lab.config import ConfigError, RunConfig
-from fsdp_lab.estimate.refusals import check_estimable
 from fsdp_lab.mesh import ParallelDims, degrees
+from fsdp_lab.models import build_meta
 from fsdp_lab.plan.cost import Layout
+from fsdp_lab.plan.fits import estimable, estimated_peak_mib, fits
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.validate import check_run
 
 AC_MODES = ("none", "full")
+GROUPS = (1, 2)  # wrap.group: the speed work found pairs of blocks per FSDP unit worth their memory
 
 
 def divisors(n: int) -> list[int]:
@@ -41,17 +45,21 @@ def run_for(run: RunConfig, layout: Layout) -> RunConfig:
         mesh=dataclasses.replace(run.mesh, **degrees(layout), world_size=layout.world),
         train=dataclasses.replace(run.train, batch_size=layout.microbatch_size * layout.microbatches, microbatches=layout.microbatches),
         ac=dataclasses.replace(run.ac, mode=layout.ac), fsdp=dataclasses.replace(run.fsdp, reshard_after_forward=layout.reshard),
+        model=dataclasses.replace(run.model, compile=layout.compile), wrap=dataclasses.replace(run.wrap, group=layout.wrap_group),
     )
 
 
 def overrides(layout: Layout) -> list[str]:
-    return [*(f"mesh.{name}={degree}" for name, degree in degrees(layout).items()), f"ac={layout.ac}", f"train.batch_size={layout.microbatch_size * layout.microbatches}",
-            f"train.microbatches={layout.microbatches}", f"fsdp.reshard_after_forward={str(layout.reshard).lower()}"]
+    return [*(f"mesh.{name}={degree}" for name, degree in degrees(layout).items()), f"ac={layout.ac}",
+            f"train.batch_size={layout.microbatch_size * layout.microbatches}", f"train.microbatches={layout.microbatches}",
+            f"fsdp.reshard_after_forward={str(layout.reshard).lower()}", f"model.compile={str(layout.compile).lower()}",
+            f"wrap.group={layout.wrap_group}"]
 
 
 def layouts(run: RunConfig, samples: int) -> list[Layout]:
     """Every layout of plan.gpus GPUs the lab accepts, each rank getting samples / dp samples per step."""
     p = run.plan
+    built = {c: build_meta(dataclasses.replace(run.model, compile=c)) for c in compile_options(run)}  # checked, never changed
     out = []
     for pp, rep, shard, tp in meshes(p.gpus, p.gpus_per_node):
         dp = rep * shard
@@ -61,18 +69,22 @@ def layouts(run: RunConfig, samples: int) -> list[Layout]:
         for mbs in divisors(batch):
             if mbs > p.max_microbatches or (pp > 1 and mbs < pp):
                 continue
-            for ac in AC_MODES:
+            for ac, compiled, group in itertools.product(AC_MODES, compile_options(run), GROUPS if shard > 1 else (1,)):
                 for reshard in ((True, False) if shard > 1 and pp == 1 else (True,)):
-                    layout = Layout(pp, rep, shard, tp, ac, mbs, batch // mbs, reshard, run.model.compile)
-                    if _accepted(run, layout):
+                    layout = Layout(pp, rep, shard, tp, ac, mbs, batch // mbs, reshard, compiled, group)
+                    if _accepted(run, layout, built[compiled]):
                         out.append(layout)
     return out
 
 
-def _accepted(run: RunConfig, layout: Layout) -> bool:
+def compile_options(run: RunConfig) -> tuple[bool, ...]:
+    return (False, True) if run.plan.search_compile else (run.model.compile,)
+
+
+def _accepted(run: RunConfig, layout: Layout, model) -> bool:
     dims = ParallelDims.from_mesh(layout, layout.world)
     try:
-        check_run(run_for(run, layout), dims, "cuda")
+        check_run(run_for(run, layout), dims, "cuda", model)
     except ConfigError:
         return False
     return True
@@ -92,48 +104,38 @@ class Candidate:
 
 
 def rank(run: RunConfig, predictor: Predictor, samples: int, flops_per_token: float) -> list[Candidate]:
-    """Every accepted layout priced; those that fit first, fastest first. The peaks are closed-form;
-    the best plan.estimate_top that the estimate takes get its figure at their own config."""
-    budget = predictor.device.memory_bytes * run.plan.memory_fraction
+    """Every accepted layout priced; those that fit first, fastest first. The closed-form peaks prune;
+    every candidate among the plan.top shown that would be marked as fitting first gets mode=estimate's
+    peak at its own config and the fits rule (fits.py); one the estimate does not take is not shown
+    as fitting."""
+    memory = predictor.device.memory_bytes
     tokens = samples * run.train.seq_len
     out = []
     for layout in layouts(run, samples):
         pred = {**predictor.predict(layout), "memory_from": "closed form"}
         per_gpu = tokens / run.plan.gpus / pred["step_time_s"]
-        out.append(Candidate(layout, pred, pred["peak_mib"] * 2**20 <= budget, per_gpu, per_gpu * flops_per_token / predictor.device.peak_flops))
+        out.append(Candidate(layout, pred, fits(pred["peak_mib"], run, memory), per_gpu, per_gpu * flops_per_token / predictor.device.peak_flops))
     order = lambda c: (not c.fits, -c.tokens_per_s)  # noqa: E731
     out.sort(key=order)
-    for _ in range(run.plan.estimate_top):
-        c = next((c for c in out if c.fits and c.prediction["memory_from"] == "closed form" and _estimable(run, c.layout)), None)
-        if c is None:
-            break
-        c.prediction.update(peak_mib=estimated_peak_mib(run, c.layout), memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])
-        c.fits = c.prediction["peak_mib"] * 2**20 <= budget
+    while unverified := [c for c in out[: run.plan.top] if c.fits and c.prediction["memory_from"] == "closed form"]:
+        for c in unverified:
+            _verify(run, c, predictor, memory)
         out.sort(key=order)
     return out
 
 
-def _estimate_run(run: RunConfig, layout: Layout) -> RunConfig:
-    """The layout's own run as mode=estimate takes it (compiled blocks hold what eager ones do)."""
-    traced = run_for(run, layout)
-    return dataclasses.replace(traced, mode="estimate", model=dataclasses.replace(traced.model, compile=False))
-
-
-def _estimable(run: RunConfig, layout: Layout) -> bool:
-    """Whether mode=estimate takes the layout's run: its own refusals decide."""
-    try:
-        check_estimable(_estimate_run(run, layout))
-    except ConfigError:
-        return False
-    return True
-
-
-def estimated_peak_mib(run: RunConfig, layout: Layout) -> float:
-    """mode=estimate's peak for the layout's own run (with pipeline stages, the largest pp rank's): what
-    the plan shows for its best candidates, and benchmarks/plan_accuracy.py checks against measured peaks."""
-    from fsdp_lab.estimate import estimate
-    from fsdp_lab.plan.trace import quiet
-
-    dims = ParallelDims.from_mesh(layout, layout.world)
-    with quiet():
-        return estimate(_estimate_run(run, layout), dims)["peak_mib"]
+def _verify(run: RunConfig, c: Candidate, predictor: Predictor, memory: float) -> None:
+    """The candidate's fits by the estimate's peak; one the estimate does not take cannot be shown as fitting."""
+    if not estimable(run, c.layout):
+        c.prediction["memory_from"], c.fits = "closed form, not estimable", False
+        return
+    # A rank holds what its shard group, tp and pipeline stage give it: the replicas around it (HSDP's
+    # all-reduce works in the reduce-scatter's output) and compiling (traced eager) leave it as it is,
+    # so candidates that differ only there share one estimate, taken on the smallest world.
+    same = dataclasses.replace(c.layout, dp_replicate=1, compile=False)
+    peaks = predictor.estimated_peaks
+    if same not in peaks:
+        peaks[same] = estimated_peak_mib(run, same, predictor.facts.layers)
+    peak = peaks[same]
+    c.prediction.update(peak_mib=peak, memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])
+    c.fits = fits(peak, run, memory)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import re
 from dataclasses import dataclass
 
 import torch
@@ -18,14 +17,13 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from fsdp_lab.config import RunConfig
+from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.models.kernels.launch import watching_launches
 from fsdp_lab.mesh import ParallelDims, degrees
 
 MATMULS = {"mm", "addmm", "bmm", "baddbmm"}
 # Ops that move no bytes on a GPU (allocations, views, metadata): host work only.
 FREE = {"empty", "empty_like", "empty_strided", "detach", "alias", "lift_fresh", "_local_scalar_dense", "set_", "_unsafe_view"}
-BLOCK_PARAM = re.compile(r"(^|\.)\d+\.")  # a parameter inside a block: a child of a ModuleList
 TRACE_WORLD = 2  # the smallest world that shards: FSDP's path, its hooks and buffers, at the least cost
 
 
@@ -181,11 +179,11 @@ class Trace:
     peak_bytes: float
 
 
-def traced_run(run: RunConfig, *, layers: int | None, batch: int, ac: str) -> tuple[RunConfig, ParallelDims]:
-    """The configuration a trace runs: `batch` samples in one microbatch, `layers` blocks (None = the
-    model's own depth), FSDP over the trace world, no TP, PP or compile (the cost model adds those)."""
-    model = run.model if layers is None else dataclasses.replace(run.model, n_layers=layers)
-    model = dataclasses.replace(model, compile=False)
+def traced_run(run: RunConfig, *, batch: int, ac: str) -> tuple[RunConfig, ParallelDims]:
+    """The configuration a trace runs: `batch` samples in one microbatch, FSDP over the trace world, no
+    TP, PP or compile (the cost model adds those); `layers` blocks (None = the model's own depth) are
+    kept where trace_step builds it (fsdp_lab.models.depth.blocks_kept)."""
+    model = dataclasses.replace(run.model, compile=False)
     dims = ParallelDims.resolve(TRACE_WORLD)
     traced = dataclasses.replace(
         run, mode="estimate", model=model,
@@ -210,10 +208,11 @@ def quiet():
 
 def trace_step(run: RunConfig, *, layers: int | None, batch: int, ac: str) -> Trace:
     from fsdp_lab.estimate import estimate
+    from fsdp_lab.models.depth import blocks_kept
 
-    traced, dims = traced_run(run, layers=layers, batch=batch, ac=ac)
+    traced, dims = traced_run(run, batch=batch, ac=ac)
     recorder = OpRecorder()
-    with quiet():
+    with quiet(), blocks_kept(layers):
         result = estimate(traced, dims, around_step=lambda: recorder)
     ops = recorder.ops
     last_bwd = max((i for i, op in enumerate(ops) if op.phase == "bwd"), default=len(ops) - 1)
@@ -226,6 +225,7 @@ def trace_step(run: RunConfig, *, layers: int | None, batch: int, ac: str) -> Tr
 
 @dataclass(frozen=True)
 class ModelFacts:
+    layers: int  # the repeated blocks (model.blocks)
     block_params: int  # parameters inside the blocks
     other_params: int
     flops_per_token: float
@@ -233,11 +233,17 @@ class ModelFacts:
 
 
 def model_facts(run: RunConfig) -> ModelFacts:
-    """What the plan needs to know of the model, from an instance on the meta device."""
+    """What the plan needs to know of any model the lab trains, from the instance its spec builds on
+    the meta device: its blocks (how many, their parameters) and what sits outside them."""
     from fsdp_lab.models import build_meta
 
     model = build_meta(run.model)
-    block = sum(p.numel() for n, p in model.named_parameters() if BLOCK_PARAM.search(n))
+    blocks = list(model.blocks)
+    if not blocks:
+        raise ConfigError(f"model.name={run.model.name}: mode=plan prices a model by its repeated blocks, and this one has "
+                          "none (model.blocks=null); allowed: a model with blocks")
+    in_blocks = {id(p): p.numel() for b in blocks for p in b.parameters()}
     total = sum(p.numel() for p in model.parameters())
     seq = run.train.seq_len
-    return ModelFacts(block, total - block, model.flops_per_token(seq), model.tokens_per_sample(seq))
+    return ModelFacts(len(blocks), sum(in_blocks.values()), total - sum(in_blocks.values()), model.flops_per_token(seq),
+                      model.tokens_per_sample(seq))

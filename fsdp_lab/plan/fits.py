@@ -1,0 +1,82 @@
+"""A "fits" that holds. A candidate shown as fitting has mode=estimate's peak at its own config (the
+closed form of memory.py only prunes), and the device must hold that peak plus what the caching
+allocator adds over its live tensors (fragmentation, cached blocks, cuBLAS workspaces:
+plan.memory_margin) plus what lies outside the allocator (the CUDA context, NCCL's buffers:
+estimate.reserved_mib).
+
+The estimate traces the candidate at two depths (per pipeline stage: 1 and 2 blocks; without stages
+2 and TRACED_DEPTH blocks) and reads its peak, and each phase's memory, at the model's depth on their
+line: a full-depth trace of a 70B model takes minutes, and what a step holds grows by the same each
+block (a phase's mark bounds a peak that a steeper phase takes over further down)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fsdp_lab.config import ConfigError, RunConfig
+from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.plan.cost import TRACED_DEPTH, Layout
+from fsdp_lab.plan.memory import at_depth
+
+
+def needed_mib(peak_mib: float, run: RunConfig) -> float:
+    """Device memory a run of this peak needs: the peak, the allocator's margin over it, what lies outside."""
+    return peak_mib * (1 + run.plan.memory_margin) + run.estimate.reserved_mib
+
+
+def fits(peak_mib: float, run: RunConfig, memory_bytes: float) -> bool:
+    return needed_mib(peak_mib, run) * 2**20 <= memory_bytes
+
+
+def rule(run: RunConfig, memory_bytes: float) -> str:
+    """The rule, as the plan prints it."""
+    return (f"fits = estimate's peak x (1 + plan.memory_margin={run.plan.memory_margin:.2f}) + estimate.reserved_mib="
+            f"{run.estimate.reserved_mib:.0f} MiB <= {memory_bytes / 2**30:.1f} GiB")
+
+
+def estimate_run(run: RunConfig, layout: Layout) -> RunConfig:
+    """The layout's own run as mode=estimate takes it (compiled blocks hold what eager ones do)."""
+    from fsdp_lab.plan.search import run_for
+
+    traced = run_for(run, layout)
+    return dataclasses.replace(traced, mode="estimate", model=dataclasses.replace(traced.model, compile=False))
+
+
+def estimable(run: RunConfig, layout: Layout) -> bool:
+    """Whether mode=estimate takes the layout's run: its own refusals decide."""
+    from fsdp_lab.estimate.refusals import check_estimable
+
+    try:
+        check_estimable(estimate_run(run, layout))
+    except ConfigError:
+        return False
+    return True
+
+
+def traced_depths(layers: int, pp: int) -> tuple[int, int]:
+    """The two depths (blocks of the whole model) a candidate is estimated at."""
+    if pp > 1:
+        return (pp, 2 * pp) if layers > 2 * pp else (layers, layers)
+    return (2, TRACED_DEPTH) if layers > TRACED_DEPTH else (layers, layers)
+
+
+def estimated_peak_mib(run: RunConfig, layout: Layout, layers: int | None = None) -> float:
+    """mode=estimate's peak for the layout's own run (with pipeline stages, the largest pp rank's) at
+    the model's depth (`layers` blocks; None: counted on the model): what a candidate shown as fitting
+    is judged by, and benchmarks/plan_accuracy.py checks against measured peaks."""
+    from fsdp_lab.estimate import estimate
+    from fsdp_lab.models.depth import blocks_kept
+    from fsdp_lab.plan.trace import model_facts, quiet
+
+    layers = layers or model_facts(run).layers
+    dims = ParallelDims.from_mesh(layout, layout.world)
+    depths = traced_depths(layers, layout.pp)
+    results = []
+    for depth in dict.fromkeys(depths):
+        with quiet(), blocks_kept(depth):
+            results.append(estimate(estimate_run(run, layout), dims))
+    shallow, deep = results[0], results[-1]
+    figures = [at_depth(shallow["peak_mib"], deep["peak_mib"], depths, layers)]
+    figures += [at_depth(shallow["phases_mib"][k], deep["phases_mib"][k], depths, layers) + run.estimate.workspace_mib
+                for k in deep["phases_mib"] if shallow["phases_mib"].get(k) is not None and deep["phases_mib"][k] is not None]
+    return max(figures)
