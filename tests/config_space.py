@@ -139,7 +139,7 @@ def overrides(draw, *, modes=MODES, max_keys: int = 6, families=tuple(FAMILIES))
         if mode == "estimate":  # it needs the world size: most examples give it, some do not
             out.append(f"mesh.world_size={draw(st.sampled_from([1, 2, 4, 8]))}")
         if mode == "plan":
-            out += ["plan.gpus=1", "plan.gpus_per_node=1", "plan.estimate_top=0"]
+            out += ["plan.gpus=1", "plan.gpus_per_node=1", "plan.top=1"]
     given = {arg.split("=")[0].lstrip("+") for arg in out}  # Hydra refuses a key overridden twice
     keys = [k for k in RUN_KEYS + FAMILY_KEYS[family] if k[0] not in given]
     for key, f, default in draw(st.lists(st.sampled_from(keys), max_size=max_keys, unique_by=lambda k: k[0])):

@@ -14,10 +14,10 @@ FOUND = [
     ["logger=none", "model=transformer", "model.dim=16", "model.n_layers=2", "model.ffn_dim=32", "optim=adamw", "mesh=nd",
      "mode=estimate", "mesh.world_size=8"],
     # mode=plan on a family without model.n_layers: AttributeError in the planner.
-    ["logger=none", "model=mlp", "mode=plan", "plan.gpus=1", "plan.gpus_per_node=1", "plan.estimate_top=0"],
+    ["logger=none", "model=mlp", "mode=plan", "plan.gpus=1", "plan.gpus_per_node=1", "plan.top=1"],
     # mode=plan with a block order: IndexError, or FSDP's AttributeError, in the planner's shallower traces.
     ["logger=none", "model=transformer", "model.dim=16", "model.n_layers=2", "model.ffn_dim=32", "mode=plan", "plan.gpus=1",
-     "plan.gpus_per_node=1", "plan.estimate_top=0", "model.layer_order=[0,0,1]"],
+     "plan.gpus_per_node=1", "plan.top=1", "model.layer_order=[0,0,1]"],
     # transformers' own validation of a config: StrictDataclassClassValidationError through Hydra.
     ["logger=none", *LLAMA, "model.config.hidden_size=30", "model.config.num_attention_heads=4"],
     # a misspelt transformers config field: the default model built, the key ignored.

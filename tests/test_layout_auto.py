@@ -38,7 +38,7 @@ def test_the_fastest_fitting_candidate_that_agrees_with_the_pinned_keys_is_taken
 
 
 def test_a_given_device_table_sets_the_layout_and_keeps_what_the_command_line_set():
-    overrides = ["debug=cpu_tiny", "layout=auto", "plan.device=h100-80gb", "plan.gpus=2", "plan.estimate_top=0", "ac=full", "mesh=hsdp"]
+    overrides = ["debug=cpu_tiny", "layout=auto", "plan.device=h100-80gb", "plan.gpus=2", "plan.top=1", "ac=full", "mesh=hsdp"]
     run = to_run_config(apply_layout(compose_cfg(*overrides), overrides))
     record = run.layout_auto
     assert (record["device"], record["gpus"]) == ("h100-80gb", 2)

@@ -11,7 +11,7 @@ from config_space_check import accepted_or_refused, estimate_runs, plan_runs
 from config_space_found import LLAMA
 
 TINY = ["logger=none", "model.dim=16", "model.n_layers=2", "model.ffn_dim=32"]
-ONE_GPU_PLAN = ["plan.gpus=1", "plan.gpus_per_node=1", "plan.estimate_top=0"]
+ONE_GPU_PLAN = ["plan.gpus=1", "plan.gpus_per_node=1", "plan.top=1"]
 
 
 def runs_or_is_refused_in_one_line(args: list[str]) -> None:
