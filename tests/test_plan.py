@@ -372,7 +372,8 @@ def test_a_slow_host_makes_the_step_host_bound(planned):
     time to issue it, and is marked; when the host's own step work outlasts the GPU's backward, the
     optimizer's time follows the host's (its kernels cannot start before the host launches them)."""
     run, candidates, _, _, predictor = planned
-    layout = candidates[0].layout
+    # Eager, one stage: every op issued by the host, no pipeline bubble.
+    layout = next(c.layout for c in candidates if not c.layout.compile and c.layout.pp == 1)
     model = predictor.model(layout.ac)
     device = predictor.device
     slow = Device(device.name, {**device.table, "host": {k: v * 100 if isinstance(v, float) else v for k, v in device.host.items()}})
