@@ -38,7 +38,7 @@ def real(args: list[str], *world: str) -> list[str]:
 
 
 @with_found
-@settings(max_examples=60, **SLOW)
+@settings(max_examples=40, **SLOW)
 @given(args=overrides(modes=("estimate", "plan")))
 def test_every_accepted_estimate_and_plan_runs(not_a_rank, args):
     note(command_line(args))
