@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import json
 import os
 import subprocess
@@ -35,7 +36,7 @@ from fsdp_lab.plan.validate_runs import RUN_OVERRIDES, VALIDATE_DIR
 REPO = Path(__file__).resolve().parent.parent
 STUDY = "plan_vs_search"
 NOISE = 0.03  # measured gaps below this are run-to-run noise: a ranking that swaps them does not disagree
-LAYOUT_KEYS = ("pp", "dp_replicate", "dp_shard", "tp", "ac", "microbatches", "reshard")
+LAYOUT_KEYS = ("pp", "dp_replicate", "dp_shard", "tp", "ac", "microbatches", "reshard", "wrap_group", "compile")
 
 
 def lab(args: list[str], log: Path, *, ok_codes: tuple[int, ...] = (0,)) -> float:
@@ -66,7 +67,7 @@ def run_plan(out: Path, gpus: int, validate: int, device: str, overrides: list[s
     wall = lab(["mode=plan", f"plan.gpus={gpus}", f"plan.gpus_per_node={gpus}", f"plan.validate={validate}",
                 f"plan.top={max(15, validate)}", f"plan.device={device}", *overrides, f"hydra.run.dir={out / 'plan'}"], out / "plan.log")
     plan = json.loads((out / "plan" / PLAN_FILE).read_text())
-    validated = sorted((out / "plan" / VALIDATE_DIR).glob("*/sweep_summary.json"))
+    validated = sorted((out / "plan" / VALIDATE_DIR).rglob("sweep_summary.json"))  # each candidate, each repeat
     plan["wall_s"], plan["gpu_s"] = wall, sum(gpu_seconds(p) for p in validated)
     return plan
 
@@ -80,7 +81,7 @@ def run_search(out: Path, trials: int, samples: int, overrides: list[str]) -> tu
 
 
 def measured_layout(run_dir: Path) -> dict:
-    """What a finished trial ran: the plan's layout fields, plus the knobs the plan does not vary."""
+    """What a finished trial ran: the plan's layout fields and its measured tokens/s per GPU."""
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     summary = json.loads((run_dir / "summary.json").read_text())
     return {**{k: summary["mesh"][k] for k in ("pp", "dp_replicate", "dp_shard", "tp")}, "ac": cfg.ac.mode,
@@ -95,7 +96,7 @@ def key(layout: dict) -> tuple:
 def compare(plan: dict, study: optuna.Study) -> dict:
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     measured = [measured_layout(Path(t.user_attrs["run_dir"])) for t in done]
-    # The plan's view of a layout ignores wrap.group and compile: the best the study measured stands for it.
+    # A layout the study measured more than once: its best run stands for it.
     best_per_key: dict[tuple, dict] = {}
     for m in sorted(measured, key=lambda m: -m["tokens_per_s"]):
         best_per_key.setdefault(key(m), m)
@@ -113,8 +114,9 @@ def compare(plan: dict, study: optuna.Study) -> dict:
     plan_pick = next((c for c in plan["candidates"] if c["fits"]), None)
     plan_measured = (plan_pick or {}).get("measured") or {}
     plan_tokens = None
-    if plan_measured.get("run_dir"):
-        plan_tokens = json.loads((Path(plan_measured["run_dir"]) / "summary.json").read_text())["perf"]["tokens_per_s"]
+    if plan_measured.get("run_dirs"):  # the validation's repeats: their median, as the plan reports step time
+        plan_tokens = statistics.median(json.loads((Path(d) / "summary.json").read_text())["perf"]["tokens_per_s"]
+                                        for d in plan_measured["run_dirs"])
     best = max(measured, key=lambda m: m["tokens_per_s"]) if measured else None
     return {
         "plan_pick": plan_pick and {**plan_pick["layout"], "predicted_tokens_per_s": plan_pick["tokens_per_s_per_gpu"],
