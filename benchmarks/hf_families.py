@@ -202,6 +202,8 @@ def main() -> None:
     parser.add_argument("--out", default="outputs/hf_families/rows.json")
     parser.add_argument("--doc", default=str(DOC), help="the page whose table to rewrite, or none")
     parser.add_argument("--keep", nargs="*", default=[], help="rows files of an earlier, stopped matrix: their families are not run again")
+    parser.add_argument("--wider", action=argparse.BooleanOptionalAction, default=True,
+                        help="also hsdp and tp2d on 4 ranks for the families issue 37 names")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -211,7 +213,7 @@ def main() -> None:
     rows = [kept.get(f) or fresh[f] for f in families]
     rows = [r if "estimate_mib" in r or "estimate_error" in r else with_estimate(r, 2) for r in rows]
     # hsdp (2 x 2) and tp2d on 4 ranks: the families issue 37 names, which pass on fsdp and ddp.
-    sample = [r["family"] for r in rows if r["family"] in SAMPLE_4_RANKS and passes(r) and "hsdp" not in r["runs"]]
+    sample = [r["family"] for r in rows if args.wider and r["family"] in SAMPLE_4_RANKS and passes(r) and "hsdp" not in r["runs"]]
     if sample:
         wider = {r["family"]: r for r in run_matrix(sample, out.with_name("rows_4_ranks.json"), meshes=["hsdp", "tp2d"], ranks=4)}
         for r in rows:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.parallel.wrap import wrap_units
+from fsdp_lab.models import model_spec
+from fsdp_lab.models.depth import blocks_kept, cut_to_kept
 from fsdp_lab.user_code import built_on_meta
 
 
@@ -30,8 +32,18 @@ def check_estimate_limits(run: RunConfig) -> None:
 
 def check_plan_limits(run: RunConfig) -> None:
     """What mode=plan cannot take although a training run would."""
+    if run.mesh.engine != "fsdp2":
+        # Its candidates are FSDP2 layouts (meshes of dp_replicate x dp_shard x tp x pp), priced and estimated as such.
+        raise ConfigError(f"mesh.engine={run.mesh.engine} with mode=plan: the planner lays out FSDP2 meshes; allowed: mesh.engine=fsdp2")
     layer_order = getattr(run.model, "layer_order", None)
     if layer_order is not None:
         # The planner traces the model at other depths (2 blocks, 1 block), where the order's indices do not exist.
         raise ConfigError(f"model.layer_order={layer_order} with mode=plan: the planner traces the model at other depths, which the order does not fit; allowed: model.layer_order=null")
-    built_on_meta(run.model)
+    model = built_on_meta(run.model)
+    if model_spec(run.model.name).with_blocks is None:
+        with blocks_kept(1):  # the planner traces the model at a few blocks: the list must be cut
+            try:
+                cut_to_kept(model)
+            except ValueError as e:
+                raise ConfigError(f"model.name={run.model.name} with mode=plan: {e}; allowed: a model whose repeated blocks "
+                                  "are one nn.ModuleList its forward walks") from None

@@ -111,7 +111,7 @@ CATALOGUE = [
      "error: sweep.objective=memory/peak_mib: only a training run returns a figure, not mode=estimate"),
     # Found by the generative test of the configuration space (tests/test_config_space.py): user code's
     # exceptions, names that resolve to nothing, faults that cannot fire, modes that crashed where train runs.
-    (f"{LLAMA} model.config.hidden_size=30 model.config.num_attention_heads=4", "error: model.model_type=llama: ValueError: The hidden size (30) is not a multiple of the number of attention heads (4)."),
+    (f"{LLAMA} model.config.hidden_size=30 model.config.num_attention_heads=4", "error: model.model_type=llama: transformers cannot build its config (ValueError: The hidden size (30) is not a multiple of the number of attention heads (4).)"),
     (f"{LLAMA} model.config.hidden_size=16 model.config.num_attention_heads=2 model.config.hidden_sise=16", "error: model.config.hidden_sise=16: LlamaConfig has no field hidden_sise, so transformers would ignore it; allowed: its fields, e.g. hidden_size, hidden_act"),
     ("model=custom model.build._target_=torch.nn.Linear +model.build.in_features=4 +model.build.out_features=4 +model.build.nope=1", "error: model.build._target_=torch.nn.Linear: cannot be built (TypeError: Linear.__init__() got an unexpected keyword argument 'nope')"),
     ("wrap.policy=classes wrap.classes=[NoSuchBlock]", "error: wrap.classes=[NoSuchBlock]: NoSuchBlock: no module of model.name=transformer is of that class; allowed: class names of its modules: Attention, Embedding, FeedForward, Linear, ModuleList, RMSNorm, TransformerBlock"),
@@ -126,6 +126,8 @@ CATALOGUE = [
     ("mesh=nd fault.kind=corrupt_grad fault.module=layers.0 fault.kill_rank=7 fault.at_step=1 mesh.world_size=8", "error: fault.module=layers.0: not on fault.kill_rank=7, whose pipeline stage (mesh.pp rank 1) holds layers, layers.1, layers.1.attention_norm, layers.1.attention, layers.1.attention.wq, layers.1.attention.wk, ... (15 in all); allowed: a module of that stage, or another fault.kill_rank"),
     ("model=vit mode=estimate mesh.world_size=2", "error: wrap.policy=block with mode=estimate: it makes PatchEncoder a unit, called through forward_features, which torch's FSDPMemTracker cannot follow; allowed: wrap.policy=root|linear|size"),
     ("mesh=nd mode=estimate mesh.world_size=8", "error: mesh.tp=2 with mesh.pp=2 and mode=estimate: the estimate cannot trace tensor parallelism inside pipeline stages yet; allowed: mesh.tp=1 or mesh.pp=1"),
+    ("mesh=ddp mode=plan", "error: mesh.engine=ddp with mode=plan: the planner lays out FSDP2 meshes; allowed: mesh.engine=fsdp2"),
+    ("model=unused_input mode=plan", "error: model.name=unused_input with mode=plan: the blocks of UnusedInput are not one nn.ModuleList: cannot cut them to 1"),
 ]
 
 

@@ -3,6 +3,7 @@ them; odd sizes are allowed, which exercises FSDP's padding of uneven shards."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -115,4 +116,6 @@ MLP_SPEC = ModelSpec(name="mlp", config=MLPConfig, build=MLP.from_config, tp_pla
 MLP_STACK_SPEC = ModelSpec(
     name="mlp_stack", config=MLPStackConfig, build=MLPStack.from_config, tp_plan=lambda cfg, sp: ({}, mlp_pair()),
     pipeline_stage=MLPStackStage, standalone_block=True, check=check_stack,
+    # Its forward walks n_layers blocks: fewer blocks are a config with fewer layers, not a cut list.
+    with_blocks=lambda cfg, n: dataclasses.replace(cfg, n_layers=n, layer_order=None),
 )
