@@ -126,6 +126,8 @@ CATALOGUE = [
     ("mesh=nd fault.kind=corrupt_grad fault.module=layers.0 fault.kill_rank=7 fault.at_step=1 mesh.world_size=8", "error: fault.module=layers.0: not on fault.kill_rank=7, whose pipeline stage (mesh.pp rank 1) holds layers, layers.1, layers.1.attention_norm, layers.1.attention, layers.1.attention.wq, layers.1.attention.wk, ... (15 in all); allowed: a module of that stage, or another fault.kill_rank"),
     ("model=vit mode=estimate mesh.world_size=2", "error: wrap.policy=block with mode=estimate: it makes PatchEncoder a unit, called through forward_features, which torch's FSDPMemTracker cannot follow; allowed: wrap.policy=root|linear|size"),
     ("mesh=nd mode=estimate mesh.world_size=8", "error: mesh.tp=2 with mesh.pp=2 and mode=estimate: the estimate cannot trace tensor parallelism inside pipeline stages yet; allowed: mesh.tp=1 or mesh.pp=1"),
+    ("model=hf model.model_type=qwen2 model.config.hidden_size=16 model.config.num_attention_heads=2 model.config.num_hidden_layers=2 model.config.intermediate_size=32 model.config.vocab_size=256",
+     "error: model.config.num_key_value_heads=32 (set, or Qwen2Config's default): must divide model.config.num_attention_heads=2; allowed: a divisor of 2"),
     ("mesh=ddp mode=plan", "error: mesh.engine=ddp with mode=plan: the planner lays out FSDP2 meshes; allowed: mesh.engine=fsdp2"),
     ("model=unused_input mode=plan", "error: model.name=unused_input with mode=plan: the blocks of UnusedInput are not one nn.ModuleList: cannot cut them to 1"),
 ]

@@ -60,6 +60,11 @@ def hf_config(cfg: HFConfig):
             config = AutoConfig.for_model(cfg.model_type, **cfg.config)
     except Exception as e:  # noqa: BLE001 - a config class's own validation raises what it likes
         raise ConfigError(f"{_model_key(cfg)}: transformers cannot build its config ({_first_line(e)})") from None
+    heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads > 0 and heads % kv_heads:
+        # transformers leaves grouped-query heads unchecked: sdpa then fails inside the first forward.
+        raise ConfigError(f"model.config.num_key_value_heads={kv_heads} (set, or {type(config).__name__}'s default): must divide "
+                          f"model.config.num_attention_heads={heads}; allowed: a divisor of {heads}")
     config._attn_implementation = "sdpa"
     return config
 
