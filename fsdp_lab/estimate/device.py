@@ -7,7 +7,7 @@ import torch
 
 from fsdp_lab.config import EstimateConfig
 from fsdp_lab.memory_phases import MIB
-from fsdp_lab.plan.device import memory_gib
+from fsdp_lab.device_memory import memory_gib
 
 GIB = 1024
 

@@ -1,7 +1,7 @@
 """The lab's one registry of GPUs, for mode=plan and mode=estimate alike: a device table
 (fsdp_lab/plan/devices/<name>.json, written by benchmarks/calibrate_device.py) as the time of one
 kernel, one collective or one eager op on that device, and its memory (`memory_gib`); GPUs without a
-table are known by their memory alone (MEMORY_ONLY_GIB)."""
+table are known by their memory alone (fsdp_lab/device_memory.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import json
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from pathlib import Path
 
-DEVICES_DIR = Path(__file__).resolve().parent / "devices"
+from fsdp_lab.device_memory import DEVICES_DIR, memory_gib, tables
+
 # Total memory CUDA reports (cudaMemGetInfo), GiB, of GPUs the estimate may fit on but no table times.
-MEMORY_ONLY_GIB = {"h100-94gb": 93.6, "a100-40gb": 40.0, "a100-80gb": 80.0}
 
 
 def _nearest(points: list[tuple[tuple[float, ...], float]], key: tuple[float, ...], k: int = 3) -> float:
@@ -125,16 +124,6 @@ class Device:
 @lru_cache(maxsize=None)
 def load_device(name: str) -> Device:
     return Device(name, json.loads((DEVICES_DIR / f"{name}.json").read_text()))
-
-
-def tables() -> list[str]:
-    """The devices with a timing table."""
-    return sorted(p.stem for p in DEVICES_DIR.glob("*.json"))
-
-
-def memory_gib(name: str) -> float:
-    """A known device's memory, GiB: its table's where it has one."""
-    return load_device(name).table["spec"]["memory_gib"] if name in tables() else MEMORY_ONLY_GIB[name]
 
 
 def device_in_hand() -> str:
