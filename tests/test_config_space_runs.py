@@ -6,6 +6,7 @@ with a metrics row for every step: no traceback, no silent no-op."""
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -59,25 +60,24 @@ def assert_trained(args: list[str], result, run_dir: Path, steps: int) -> None:
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == steps, where
 
 
-@settings(max_examples=30, **SLOW)
-@given(args=overrides(modes=("train",), families=("mlp", "mlp_stack", "transformer", "convnet", "unused_input", "custom", "hf")))
-def test_accepted_training_runs_as_a_world_of_one(not_a_rank, args):
-    args = real(args, "mesh.world_size=1")
+def trains_when_accepted(args: list[str], world_size: int, run) -> None:
+    """An accepted config trains on `world_size` ranks through `run` (in process or warm-forked ranks)."""
+    args = real(args, f"mesh.world_size={world_size}")
     note(command_line(args))
     checked = accepted_or_refused(args)
     assume(checked is not None)
     with tempfile.TemporaryDirectory() as tmp:
-        result = run_lab_here(*args, run_dir=Path(tmp) / "run")
+        result = run(*args, run_dir=Path(tmp) / "run")
         assert_trained(args, result, Path(tmp) / "run", checked[0].train.steps)
+
+
+@settings(max_examples=30, **SLOW)
+@given(args=overrides(modes=("train",), families=("mlp", "mlp_stack", "transformer", "convnet", "unused_input", "custom", "hf")))
+def test_accepted_training_runs_as_a_world_of_one(not_a_rank, args):
+    trains_when_accepted(args, 1, run_lab_here)
 
 
 @settings(max_examples=22, **SLOW)
 @given(args=overrides(modes=("train",), families=("mlp", "mlp_stack", "transformer", "custom", "hf")))
 def test_accepted_training_runs_on_two_spawned_ranks(not_a_rank, args):
-    args = real(args, "mesh.world_size=2")
-    note(command_line(args))
-    checked = accepted_or_refused(args)
-    assume(checked is not None)
-    with tempfile.TemporaryDirectory() as tmp:
-        result = run_lab_warm(*args, run_dir=Path(tmp) / "run", timeout=240)
-        assert_trained(args, result, Path(tmp) / "run", checked[0].train.steps)
+    trains_when_accepted(args, 2, functools.partial(run_lab_warm, timeout=240))
