@@ -10,9 +10,9 @@ examples it found are kept as @example regression cases (config_space_found.FOUN
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, given, note, seed, settings
 
-from config_space import command_line, overrides
+from config_space import SEED, command_line, overrides
 from config_space_check import accepted_or_refused, estimate_runs
 from config_space_found import with_found
 
@@ -20,7 +20,8 @@ CHEAP = {"mlp", "mlp_stack", "transformer"}
 
 
 @with_found
-@settings(max_examples=300, derandomize=True, deadline=None, database=None,
+@seed(SEED)
+@settings(max_examples=300, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
 @given(args=overrides())
 def test_a_configuration_is_refused_in_one_line_or_accepted_and_a_cheap_estimate_runs(not_a_rank, args):

@@ -100,6 +100,23 @@ def test_the_estimate_at_two_depths_lands_on_the_full_depth_estimate():
     assert estimated_peak_mib(run, layout, 6) == pytest.approx(whole, rel=0.02)
 
 
+def test_the_estimate_at_two_microbatches_lands_on_the_estimate_at_four():
+    """The fits verdict traces 2 microbatches of a candidate's size for any more: the peak of 4, traced whole."""
+    args = [*MODELS["llama"], "mode=estimate", "mesh.dp_shard=2", "train.seq_len=16", "train.batch_size=4", "train.microbatches=4", "logger=none"]
+    run = compose_run(*args)
+    layout = layout_of(run, 2)
+    from fsdp_lab.estimate import estimate
+    from fsdp_lab.plan.fits import at_most_two_microbatches, estimate_run
+    from fsdp_lab.plan.trace import quiet
+
+    traced = at_most_two_microbatches(estimate_run(run, layout), layout).train
+    assert (traced.microbatches, traced.batch_size) == (2, 2)
+    _, dims = prepared(*args)
+    with quiet():
+        whole = estimate(estimate_run(run, layout), dims)["peak_mib"]
+    assert estimated_peak_mib(run, layout, 6) == pytest.approx(whole, rel=0.02)
+
+
 @pytest.mark.slow
 def test_a_1024_gpu_plan_finishes_and_its_fits_hold():
     run = compose_run("model.dim=64", "model.n_layers=8", "model.n_heads=8", "model.ffn_dim=128", "model.vocab_size=256",

@@ -8,7 +8,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 
-def apply_ddp(model: nn.Module, dp_mesh, device) -> DistributedDataParallel:
+def skips_blocks(model: nn.Module, layer_order) -> bool:
+    """Whether `model.layer_order` leaves some of the model's blocks out of the forward."""
+    return layer_order is not None and set(layer_order) != set(range(len(model.blocks)))
+
+
+def apply_ddp(model: nn.Module, dp_mesh, device, layer_order=None) -> DistributedDataParallel:
+    """DDP of `model`; `layer_order` is the model config's (None for families without one)."""
     # Buffers stay per rank (no broadcast), as FSDP leaves them, so BatchNorm behaves alike in both.
     # torch 2.13 deprecates broadcast_buffers but offers no way yet to skip the sync at init.
     with warnings.catch_warnings():
@@ -18,4 +24,7 @@ def apply_ddp(model: nn.Module, dp_mesh, device) -> DistributedDataParallel:
             process_group=dp_mesh.get_group(),
             device_ids=[device] if device.type == "cuda" else None,
             broadcast_buffers=False,
+            # Blocks a layer order skips get no gradient, which DDP's reducer waits for unless told to
+            # look for them (a graph walk per step: only where the order skips some).
+            find_unused_parameters=skips_blocks(model, layer_order),
         )
