@@ -188,6 +188,7 @@ def test_schedule_order_keeps_pp_minus_stage_microbatches_in_flight_under_1f1b_a
         assert most_in_flight(schedule_order("gpipe", 8, 4, stage)) == 8
 
 
+@pytest.mark.slow  # tens of CPU seconds in process
 def test_estimate_of_a_pipeline_is_per_pp_rank_and_the_first_stage_holds_most_under_1f1b():
     """On a fake group, in process. The stages are equal (4 layers, untied embeddings and output of one
     size); under 1f1b the first stage holds pp = 2 microbatches in flight, the last 1; under gpipe both

@@ -32,6 +32,7 @@ MODEL = ["model.dim=256", "model.n_layers=4", "model.n_heads=8", "model.ffn_dim=
 PLAN_64 = ["mode=plan", "plan.gpus=64", "plan.gpus_per_node=8", "plan.device=h100-80gb", "plan.global_batch_tokens=512K", "plan.top=6"]
 
 
+# The tests of this plan are in the slow tier: the fixture traces for tens of CPU seconds.
 @pytest.fixture(scope="module")
 def planned():
     """One 64-GPU plan for the module (the traces are its cost), timed in CPU seconds: planning is one
@@ -59,6 +60,7 @@ def test_layouts_are_only_what_the_lab_accepts():
     assert not any(lay.reshard is False and lay.dp_shard == 1 for lay in found)
 
 
+@pytest.mark.slow
 def test_a_64_gpu_plan_takes_under_a_minute_and_ranks_by_tokens_per_second(planned):
     run, candidates, header, seconds, _ = planned
     assert seconds < 60, f"planning took {seconds:.0f}s"
@@ -69,6 +71,7 @@ def test_a_64_gpu_plan_takes_under_a_minute_and_ranks_by_tokens_per_second(plann
     assert all(c.prediction["step_time_s"] > 0 and c.prediction["peak_mib"] > 0 for c in candidates)
 
 
+@pytest.mark.slow
 def test_candidates_that_do_not_fit_are_marked_and_never_first(planned):
     run, candidates, header, _, predictor = planned
     peaks = sorted(c.prediction["peak_mib"] for c in candidates)
@@ -87,6 +90,7 @@ def test_candidates_that_do_not_fit_are_marked_and_never_first(planned):
         assert ranked[0] is not fastest
 
 
+@pytest.mark.slow
 def test_plan_json_holds_every_candidate_as_a_ready_command_line(tmp_path, planned, monkeypatch):
     run, candidates, header, _, predictor = planned
     import fsdp_lab.plan.run as plan_run
@@ -105,6 +109,7 @@ def test_plan_json_holds_every_candidate_as_a_ready_command_line(tmp_path, plann
     assert (accepted.mesh.dp_replicate, accepted.mesh.dp_shard, accepted.mesh.tp) == (lay.dp_replicate, lay.dp_shard, lay.tp)
 
 
+@pytest.mark.slow
 def test_the_cost_model_moves_the_right_way(planned):
     run, candidates, *_ = planned
     by_layout = {c.layout: c.prediction for c in candidates}
@@ -136,6 +141,7 @@ def test_plan_validate_runs_the_best_candidate_here_and_reports_its_error(tmp_pa
     assert "measured ms" in result.stdout
 
 
+@pytest.mark.slow
 def test_top_candidates_closed_form_peak_is_near_the_estimate(planned):
     """The pruning step's closed form against mode=estimate at the candidates' own configs."""
     _, candidates, *_ = planned
@@ -149,6 +155,7 @@ def test_top_candidates_closed_form_peak_is_near_the_estimate(planned):
         assert abs(p["closed_form_peak_mib"] / p["peak_mib"] - 1) < 0.2, p
 
 
+@pytest.mark.slow
 def test_tp_candidates_get_the_estimate_s_peak(planned):
     run, candidates, *_ = planned
     tp = next(c.layout for c in candidates if c.layout.tp == 2 and c.layout.pp == 1)
@@ -156,6 +163,7 @@ def test_tp_candidates_get_the_estimate_s_peak(planned):
     assert estimated_peak_mib(run, tp) > 0
 
 
+@pytest.mark.slow
 def test_the_estimate_s_own_refusals_decide_which_candidates_it_takes(planned):
     run, candidates, *_ = planned
     pp = next(c.layout for c in candidates if c.layout.pp == 2)
@@ -213,6 +221,7 @@ def test_eager_host_runs_are_timed_in_rounds_apart_and_their_median_taken():
 
 
 @pytest.mark.parametrize("quick", [False, True])
+@pytest.mark.slow
 def test_the_host_runs_are_one_model_per_width_at_a_planned_model_s_kernel_sizes(quick):
     """Every timed run is the lab's own config of one model per width (the counts are traced from it);
     the accumulation run doubles the batch, each of its two microbatches the others' batch. On the
@@ -235,6 +244,7 @@ def test_the_host_runs_are_one_model_per_width_at_a_planned_model_s_kernel_sizes
         assert all(w["seq"] * w["batch"] >= 4096 for w in widths())
 
 
+@pytest.mark.slow
 def test_blocks_and_the_rest_add_up_to_the_whole_model_priced_op_by_op(planned):
     """The per-unit parts the simulation runs, at a microbatch size the traces do not have, sum to the
     whole model's ops priced one by one at that size (the blocks' and the output's matmuls grow
@@ -259,6 +269,7 @@ def test_ops_dispatched_grow_with_the_microbatch_as_the_traces_at_1_and_2_sample
     assert (parts["fwd"].host_ops, parts["bwd"].host_ops) == (22, 38)
 
 
+@pytest.mark.slow
 def test_each_microbatch_after_the_first_adds_the_calibrated_accumulation_host_work(planned):
     _, candidates, _, _, predictor = planned
     layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=3)
@@ -270,6 +281,7 @@ def test_each_microbatch_after_the_first_adds_the_calibrated_accumulation_host_w
     assert added == pytest.approx(2 * (model.layers * 1e-3 + 2e-3))
 
 
+@pytest.mark.slow
 def test_an_ac_candidates_host_time_grows_by_the_calibrated_checkpoint_figure(planned):
     """Each checkpointed block's backward adds the table's ac_block_s (compiled: ac_compiled_block_s)
     to the host's work, once per microbatch; a layout without AC is unchanged, and a table without
@@ -287,6 +299,7 @@ def test_an_ac_candidates_host_time_grows_by_the_calibrated_checkpoint_figure(pl
         assert added == pytest.approx(expected, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_a_table_of_two_widths_prices_the_host_at_the_model_s_block_kernel_time(planned):
     """A table calibrated at two widths: a block whose kernels take between the widths' has its host
     priced between the two widths' figures (the host's time is linear in them: at the geometric middle,
@@ -309,6 +322,7 @@ HOST_FREE = {k: 0.0 for k in ("op_s", "step_s", "compiled_kernel_s", "compiled_s
 """A host section that costs nothing: the GPU's own work, no host wait hiding it."""
 
 
+@pytest.mark.slow
 def test_a_block_s_elementwise_time_follows_the_device_table_s_measured_figures(planned):
     """A block's elementwise GPU time is its bandwidth pricing times the table's measured eager
     factor, and compiled, times the measured compiled share; a table without them prices it as it
@@ -335,6 +349,7 @@ def test_a_block_s_elementwise_time_follows_the_device_table_s_measured_figures(
     assert shipped.elementwise("eager_factor", unmeasured=0) > 1 and 0 < shipped.elementwise("compiled_share", unmeasured=0) < 1
 
 
+@pytest.mark.slow
 def test_fsdp_s_copies_around_its_collectives_cost_gpu_time_on_one_gpu_too(planned):
     """FSDP2 casts, splits and concatenates around every all-gather and reduce-scatter, whatever the
     group: on one GPU they are the only cost of sharding, and resharding after forward adds the
@@ -367,6 +382,7 @@ def test_the_profiler_split_counts_matmuls_apart_from_elementwise_work():
     assert split["heavy_s"] > 0 and split["elementwise_s"] > 0
 
 
+@pytest.mark.slow
 def test_a_slow_host_makes_the_step_host_bound(planned):
     """The same layout on a device whose host issues ops 100x slower: the step becomes the host's
     time to issue it, and is marked; when the host's own step work outlasts the GPU's backward, the
@@ -396,6 +412,7 @@ def test_calibration_times_the_trainer_s_optimizer_step_per_parameter():
     assert timed["s_per_param"] == pytest.approx(timed["s"] / 5184)
 
 
+@pytest.mark.slow
 def test_a_table_s_timed_optimizer_step_prices_the_optimizer(planned):
     """A table that timed the optimizer's step prices it per local parameter; one that did not prices
     the bytes fused AdamW and the gradient norm move at the bandwidth."""

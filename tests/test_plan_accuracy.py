@@ -31,6 +31,7 @@ def accuracy():
     return module, {r["config"]: r for r in module.predict(rows, "h200", 8)}
 
 
+@pytest.mark.slow  # its fixture estimates every row: tens of CPU seconds
 def test_each_row_gets_the_estimate_s_peak_at_its_own_overrides_and_world(accuracy):
     _, rows = accuracy
     expected = {name: cli_estimate_mib([*TINY, *extra], world) for name, (extra, world) in ROWS.items() if name != "fsdp compile"}
@@ -41,6 +42,7 @@ def test_each_row_gets_the_estimate_s_peak_at_its_own_overrides_and_world(accura
     assert rows["fsdp compile"]["estimated_peak_mib"] == pytest.approx(expected["fsdp"], rel=1e-9)  # traced eager
 
 
+@pytest.mark.slow
 def test_the_table_shows_both_memory_predictions_and_their_summary(accuracy):
     module, rows = accuracy
     table = module.markdown(list(rows.values()), "h200")

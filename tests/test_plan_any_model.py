@@ -64,6 +64,7 @@ def _check_planned(name, run, candidates, header):
     assert all(c.prediction["step_time_s"] > 0 for c in candidates)
 
 
+@pytest.mark.slow
 def test_an_hf_llama_is_planned_from_its_blocks(llama_plan):
     run, _, candidates, header = llama_plan
     _check_planned("llama", run, candidates, header)
@@ -100,6 +101,7 @@ def test_the_estimate_at_two_depths_lands_on_the_full_depth_estimate():
     assert estimated_peak_mib(run, layout, 6) == pytest.approx(whole, rel=0.02)
 
 
+@pytest.mark.slow
 def test_the_estimate_at_two_microbatches_lands_on_the_estimate_at_four():
     """The fits verdict traces 2 microbatches of a candidate's size for any more: the peak of 4, traced whole."""
     args = [*MODELS["llama"], "mode=estimate", "mesh.dp_shard=2", "train.seq_len=16", "train.batch_size=4", "train.microbatches=4", "logger=none"]
@@ -129,6 +131,7 @@ def test_a_1024_gpu_plan_finishes_and_its_fits_hold():
     assert shown and all(c.prediction["memory_from"] == "estimate" for c in shown)
 
 
+@pytest.mark.slow
 def test_every_candidate_shown_as_fitting_has_the_estimate_s_peak_and_the_margin(llama_plan):
     """Rows past the first few too; and the rule (peak x (1 + margin) + reserved), not the closed form,
     decides: a margin that leaves too little room turns a row shown as fitting into one that is not."""
@@ -147,6 +150,7 @@ def test_every_candidate_shown_as_fitting_has_the_estimate_s_peak_and_the_margin
     assert f"plan.memory_margin={run.plan.memory_margin:.2f}" in rule(run, memory)
 
 
+@pytest.mark.slow
 def test_the_table_renders_a_validated_row_without_a_measured_peak(llama_plan):
     _, _, candidates, header = llama_plan
     c = candidates[0]

@@ -53,6 +53,7 @@ def test_the_shipped_h200_table_has_a_section_per_width_its_blocks_priced_by_siz
     assert all(s["op_s"] > 0 and s["traced"]["ops_per_block"] > 0 for s in sections)
 
 
+@pytest.mark.slow
 def test_each_width_is_fitted_from_its_own_runs_and_priced_at_its_block_s_kernel_time():
     """Host times made from a different cost per op at each width give each width's back, and the
     wider block's kernels are priced longer on the table calibrate_device writes beside them."""

@@ -36,6 +36,7 @@ def changed(before, after, at: str = "") -> list[str]:
     return [] if before == after else [at]
 
 
+@pytest.mark.slow
 def test_the_shipped_h200_table_is_fitted_by_the_current_trace(tmp_path, monkeypatch):
     shipped = shipped_h200()
     versions = {s["traced_on"] for s in (*shipped["host"]["widths"], shipped["elementwise"])}
@@ -49,6 +50,7 @@ def test_the_shipped_h200_table_is_fitted_by_the_current_trace(tmp_path, monkeyp
         "the trace counts or prices a block otherwise now: run calibrate_device.py --refit"
 
 
+@pytest.mark.slow
 def test_a_figure_left_stale_anywhere_is_seen_and_measurements_and_provenance_stay():
     """The fixed-point check sees a figure the refit fits again wherever it is: the host's per-width
     figures, the block's kernel time the host is read at, a measured block's pricing."""
