@@ -31,6 +31,16 @@ def pytest_runtest_call(item):
         yield
 
 
+def pytest_collection_modifyitems(items):
+    """The files with the most slow tests first, each file's tests in their order: pytest-xdist hands
+    each worker whole files in this order, so the long ones start early and the short ones fill the
+    end, instead of one worker running a long file alone while the other idles."""
+    slow = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + bool(item.get_closest_marker(MARKER))
+    items.sort(key=lambda item: -slow[item.path])  # stable: a file's tests keep their order
+
+
 @pytest.fixture
 def not_a_rank(monkeypatch):
     """The environment of a user's shell, whatever started pytest: this process is no rank."""
