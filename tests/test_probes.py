@@ -133,6 +133,7 @@ def traced_steps(run_dir: Path) -> list[str]:
     return sorted({e["name"] for e in events if e.get("name", "").startswith("step ")})
 
 
+@pytest.mark.slow  # a profiled real run in process: seconds of CPU
 def test_the_profiler_records_exactly_its_window_of_steps(train, tmp_path):
     """Steps 2-3 of 3 under torch.profiler: the trace holds their spans and no other step's, the op
     table and summary give per-step figures (the same matmuls per step whether 1 or 2 are profiled)."""

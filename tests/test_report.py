@@ -45,6 +45,7 @@ def png_size(path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.slow  # the sweep fixture trains its jobs in process: seconds of CPU
 def test_plots_exist_and_are_not_empty(sweep):
     for name in PLOTS:
         path = sweep / "plots" / name
@@ -52,6 +53,7 @@ def test_plots_exist_and_are_not_empty(sweep):
         assert width >= 600 and height >= 400 and path.stat().st_size > 15_000, f"{name} looks empty"
 
 
+@pytest.mark.slow
 def test_markdown_table_has_every_job(sweep):
     md = (sweep / "report.md").read_text()
     assert "Common overrides: `train.steps=3 logger=none debug=cpu_tiny`" in md
@@ -76,6 +78,7 @@ def test_markdown_table_has_every_job(sweep):
         assert f"](plots/{name})" in md
 
 
+@pytest.mark.slow
 def test_html_shows_the_same_jobs_and_plots(sweep):
     page = (sweep / "report.html").read_text()
     for label, status in JOBS.values():
@@ -84,6 +87,7 @@ def test_html_shows_the_same_jobs_and_plots(sweep):
         assert f'<img src="plots/{name}"' in page
 
 
+@pytest.mark.slow
 def test_report_of_a_single_run_dir(sweep):
     made = report_here(sweep / "3")
     assert made.returncode == 0, made.stderr[-3000:]
