@@ -61,14 +61,14 @@ def assert_trained(args: list[str], result, run_dir: Path, steps: int) -> None:
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == steps, where
 
 
-def trains_when_accepted(args: list[str], world_size: int, run) -> None:
-    """An accepted config trains on `world_size` ranks through `run`."""
+def trains_when_accepted(args: list[str], world_size: int, timeout: float) -> None:
+    """An accepted config trains on `world_size` ranks, in a process forked from the warm server."""
     args = real(args, f"mesh.world_size={world_size}")
     note(command_line(args))
     checked = accepted_or_refused(args)
     assume(checked is not None)
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(*args, run_dir=Path(tmp) / "run")
+        result = run_lab_warm(*args, run_dir=Path(tmp) / "run", timeout=timeout)
         assert_trained(args, result, Path(tmp) / "run", checked[0].train.steps)
 
 
@@ -76,7 +76,7 @@ def trains_when_accepted(args: list[str], world_size: int, run) -> None:
 @settings(max_examples=30, **SLOW)
 @given(args=overrides(modes=("train",), families=("mlp", "mlp_stack", "transformer", "convnet", "unused_input", "custom", "hf")))
 def test_accepted_training_runs_on_one_rank(not_a_rank, args):
-    trains_when_accepted(args, 1, functools.partial(run_lab_warm, timeout=120))
+    trains_when_accepted(args, 1, timeout=120)
 
 
 @functools.partial(with_found, found=FOUND_TRAINING)
@@ -84,4 +84,4 @@ def test_accepted_training_runs_on_one_rank(not_a_rank, args):
 @settings(max_examples=22, **SLOW)
 @given(args=overrides(modes=("train",), families=("mlp", "mlp_stack", "transformer", "custom", "hf")))
 def test_accepted_training_runs_on_two_spawned_ranks(not_a_rank, args):
-    trains_when_accepted(args, 2, functools.partial(run_lab_warm, timeout=240))
+    trains_when_accepted(args, 2, timeout=240)

@@ -37,7 +37,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh, dp_mesh, run: RunCon
             block.compile()
         log.info("compile: %d blocks", len(model.blocks))
     if run.mesh.engine == "ddp":
-        return apply_ddp(model, dp_mesh, device, getattr(run.model, "layer_order", None))
+        return apply_ddp(model, dp_mesh, device, run.model)
     units = wrap_units(model, run.wrap)
     if run.mesh.engine == "fsdp1":
         model = apply_fsdp1(model, mesh[dims.fsdp_dim_names], units, run.fsdp, device)

@@ -79,7 +79,7 @@ class ParityProbe(Probe):
         self.model, self.optim, self.extras = setup.model, setup.optim, setup.extras
         if run.fsdp.cast_after_sharding:  # before DDP wraps it: DDP's buckets take the parameters' dtype
             self.original.to(getattr(torch, run.fsdp.cast_after_sharding))
-        ref = apply_ddp(self.original, setup.dp_mesh, device, getattr(run.model, "layer_order", None))
+        ref = apply_ddp(self.original, setup.dp_mesh, device, run.model)
         del self.original
         # DDP accumulates the same microbatches, skipping its all-reduce where the policy defers it.
         ref_sync = "every" if run.train.accum.sync == "every" else "last"
