@@ -74,7 +74,7 @@ def main() -> None:
     hidden = model.layers["0"].feed_forward.w1.out_features
     if hidden != a.ffn_dim:
         sys.exit(f"torchtitan sized the MLP {hidden}, not --ffn-dim {a.ffn_dim}")
-    converters = float8_converters(job, dims, a.float8) if a.float8 != "none" else None
+    converters = float8_converters(job, dims, a.float8, device) if a.float8 != "none" else None
     if converters is not None:
         converters.convert(model)  # before parallelize_llama, as torchtitan's trainer converts
     model = parallelize_llama(model, dims, job)
@@ -95,19 +95,24 @@ def main() -> None:
     time_steps(model, opt, build_loss(job), a, device, loss_parallel if a.tp > 1 else contextlib.nullcontext)
 
 
-def float8_converters(job, dims, recipe: str):
-    """torchtitan's float8 converter as its float8 configs set it: the recipe, the output projection
-    left in bf16, tensorwise weights all-gathered in float8 with their scales precomputed (the lab's
-    speed.py FLOAT8 sets the same). Written against torchtitan 0.2.0's JobConfig.float8 and
-    build_model_converters; another version without them stops here with the reason."""
+def float8_converters(job, dims, recipe: str, device: torch.device):
+    """torchtitan's float8 converter as its float8 configs set it: the output projection left in bf16;
+    tensorwise is torchtitan's default float8 (no recipe name), its weights all-gathered in float8 with
+    their scales precomputed; rowwise by recipe name (the lab's speed.py FLOAT8 sets the same).
+    Written against torchtitan 0.2.0's JobConfig.quantize.linear.float8 and build_model_converters;
+    another version without them stops here with the reason."""
     try:
         from torchtitan.protocols.model_converter import build_model_converters
-        job.model.converters = ["float8"]
-        f = job.float8
-        f.recipe_name, f.filter_fqns = recipe, ["output"]
-        f.enable_fsdp_float8_all_gather = f.precompute_float8_dynamic_scale_for_fsdp = recipe == "tensorwise"
+        job.model.converters = ["quantize.linear.float8"]
+        f = job.quantize.linear.float8
     except (ImportError, AttributeError) as e:
-        sys.exit(f"--float8={recipe}: this torchtitan has no JobConfig.float8 / build_model_converters as 0.2.0 has ({e})")
+        sys.exit(f"--float8={recipe}: this torchtitan has no JobConfig.quantize.linear.float8 / build_model_converters as 0.2.0 has ({e})")
+    f.filter_fqns = ["output"]
+    # torchtitan takes tensorwise as "no recipe name" and refuses a recipe name with float8 all-gather.
+    f.recipe_name = None if recipe == "tensorwise" else recipe
+    f.enable_fsdp_float8_all_gather = f.precompute_float8_dynamic_scale_for_fsdp = recipe == "tensorwise"
+    # No float8 matmul (the CPU try-out): torchtitan's emulation, as the lab's.
+    f.emulate = device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)
     return build_model_converters(job, dims)
 
 

@@ -44,11 +44,11 @@ def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path):
 
 
 def test_the_labs_layout_per_mode_changes_the_experiment_and_is_accepted(prepared):
-    """speed.py's LAYOUT: each mode's overrides must be ones the lab accepts for bench_llama1b, and
+    """speed.py's LAYOUT and FLOAT8_LAYOUT: each mode's overrides must be ones the lab accepts for bench_llama1b, and
     must change it (an override the experiment already sets would be a layout nobody measured apart)."""
-    layouts = load("speed").LAYOUT
+    speed_script = load("speed")
     base, _ = prepared("+experiment=bench_llama1b", "mesh.world_size=2")
-    for mode, overrides in layouts.items():
+    for mode, overrides in [*speed_script.LAYOUT.items(), *speed_script.FLOAT8_LAYOUT.items()]:
         run, _ = prepared("+experiment=bench_llama1b", "mesh.world_size=2", *overrides)
         assert run != base, mode
 
