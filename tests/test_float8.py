@@ -15,7 +15,7 @@ from fsdp_lab.config import Float8Config
 from fsdp_lab.models.transformer import TransformerConfig
 from fsdp_lab.estimate import estimate
 from fsdp_lab.models import build_meta, build_model, materializer
-from fsdp_lab.parallel.float8 import apply_float8, float8_plan
+from fsdp_lab.parallel.float8 import apply_float8, converted_block_share, float8_plan
 from torchao.float8.float8_linear import Float8Linear
 from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
 from in_process import run_lab_here
@@ -43,6 +43,17 @@ def test_float8_skip_keeps_named_linears_in_high_precision():
     apply_float8(model, Float8Config(recipe="rowwise", skip=["output", "w2", "layers.1"]), torch.device("cpu"))
     kept = {n for n, m in model.named_modules() if type(m) is nn.Linear}
     assert kept == {"output", "layers.0.feed_forward.w2"} | {n for n, m in model.layers[1].named_modules(prefix="layers.1") if isinstance(m, nn.Linear)}
+
+
+def test_the_plan_prices_the_converted_share_of_the_blocks_matmuls():
+    """The plan prices float8 by the share of the blocks' linear weights converted (so of their matmul
+    FLOPs): all of them by default (the output projection is outside the blocks), less what float8.skip keeps."""
+    model = build_meta(TINY)
+    assert converted_block_share(model, Float8Config(recipe="none")) == 0.0
+    assert converted_block_share(model, Float8Config(recipe="tensorwise")) == 1.0
+    linears = {n: m.weight.numel() for n, m in model.layers.named_modules() if type(m) is nn.Linear}
+    w2 = sum(v for n, v in linears.items() if n.endswith("w2"))
+    assert converted_block_share(model, Float8Config(recipe="tensorwise", skip=["w2"])) == pytest.approx(1 - w2 / sum(linears.values()))
 
 
 def test_tensorwise_tp_plan_swaps_converted_linears_for_torchaos_float8_styles_keeping_layouts():

@@ -36,6 +36,16 @@ def converted_linears(model: nn.Module, cfg: Float8Config) -> dict[str, nn.Linea
     return {name: m for name, m in model.named_modules() if type(m) is nn.Linear and not skipped(name, cfg)}
 
 
+def converted_block_share(model: nn.Module, cfg: Float8Config) -> float:
+    """The share of the blocks' linear weights, so of their matmul FLOPs, that float8.recipe converts
+    (0 without float8): what the plan prices at the device's float8 matmul rate."""
+    if not enabled(cfg):
+        return 0.0
+    in_blocks = {id(m): m.weight.numel() for b in model.blocks for m in b.modules() if type(m) is nn.Linear}
+    converted = sum(in_blocks[id(m)] for m in converted_linears(model, cfg).values() if id(m) in in_blocks)
+    return converted / sum(in_blocks.values()) if in_blocks else 0.0
+
+
 def emulated(device: torch.device) -> bool:
     """No float8 matmul here: torchao emulates it (and torch.compile cannot take the emulation)."""
     return device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)

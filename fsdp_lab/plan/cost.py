@@ -140,6 +140,7 @@ class Model:
     reduce_bytes: int  # ... and the reduce-scatters (fsdp.reduce_dtype)
     seq_len: int
     clips: bool = False  # optim.max_norm is set
+    float8_share: float = 0.0  # of the blocks' matmuls, run in float8 (float8.recipe)
     _priced: dict = field(default_factory=dict, repr=False)  # (mb, tp, device) -> parts: the search prices many layouts alike
 
     def parts(self, mb: int, tp: int, device: Device) -> tuple[dict[str, Parts], dict[str, Parts]]:
@@ -210,12 +211,17 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     eager_factor = device.elementwise("eager_factor", unmeasured=1.0)
     compiled_share = device.elementwise("compiled_share", unmeasured=COMPILED_ELEMENTWISE)
 
+    # float8: the blocks' converted matmuls at the table's measured float8/bf16 time ratio (absent: as
+    # bf16); their casts are in the trace (torchao's emulation traced on the CPU), priced as elementwise.
+    float8_mm = 1 - model.float8_share * (1 - (device.float8_matmul_ratio or 1.0))
+
     def gpu(p: Parts, in_block: bool) -> float:
-        factor = 1.0
+        factor, mm = 1.0, p.mm
         if in_block:
             factor = eager_factor * (TP_REPLICATED_ELEMENTWISE + (1 - TP_REPLICATED_ELEMENTWISE) / tp)
             factor *= compiled_share if layout.compile else 1.0
-        return p.mm + p.attn + p.mem * factor
+            mm *= float8_mm
+        return mm + p.attn + p.mem * factor
 
     host = device.host_figures(kernel_s(block["fwd"]))  # the host's cost per op follows the kernels' size
     tp_ar = device.collective_s("all_reduce", block["fwd"].hidden_bytes, tp_size, tp_inter) if tp > 1 else 0.0
@@ -256,11 +262,15 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
         t = device.collective_s("reduce_scatter", n * model.reduce_bytes, sh_size, sh_inter) if shard > 1 else 0.0
         return t + device.collective_s("all_reduce", n * model.reduce_bytes / shard, rep_size, rep_inter)
 
-    # wrap.group=g: g blocks gathered and reduced as one unit (one collective each, latency paid once);
-    # FSDP's host work per unit is priced as traced (per block), which groups would lessen.
+    # wrap.group=g: g blocks gathered and reduced as one unit (one collective each, latency paid once).
+    # FSDP's host work per unit beyond what the traced ops price: each collective a unit issues (its
+    # all-gather; its reduce-scatter, and a re-gather where it reshards) costs the host the table's
+    # measured seconds, eager or compiled (absent: not calibrated, 0). Fewer, larger units pay it less often.
     g = layout.wrap_group
-    mb = _simulate(L // g, _times(fwd_b, g), _times(bwd_b, g), fwd_r, bwd_r, gather(g * unit), reduce(g * unit), gather(root), reduce(root),
-                   layout.reshard)
+    per_collective = host.get("fsdp_compiled_collective_s" if layout.compile else "fsdp_collective_s", 0.0)
+    fwd_hooks, bwd_hooks = per_collective, per_collective * (2 if layout.reshard else 1)
+    mb = _simulate(L // g, _times(fwd_b, g, fwd_hooks), _times(bwd_b, g, bwd_hooks), _times(fwd_r, 1, fwd_hooks), _times(bwd_r, 1, per_collective),
+                   gather(g * unit), reduce(g * unit), gather(root), reduce(root), layout.reshard)
     per_mb = max(mb["gpu"], mb["host"])
     if layout.pp > 1:
         p2p = device.collective_s("all_gather", 2 * block["fwd"].hidden_bytes, 2, pp_inter)
@@ -288,8 +298,9 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
             "optimizer_s": optimizer, "host_bound": host_bound}
 
 
-def _times(work: Work, n: int) -> Work:
-    return Work(work.gpu * n, work.host * n)
+def _times(work: Work, n: int, unit_host: float = 0.0) -> Work:
+    """n blocks' work as one FSDP unit, whose hooks add unit_host to the host's."""
+    return Work(work.gpu * n, work.host * n + unit_host)
 
 
 def _simulate(L: int, fb: Work, bb: Work, fr: Work, br: Work, ag, rs, ag_root, rs_root, reshard) -> dict[str, float]:

@@ -53,6 +53,11 @@ class Device:
         return "plan.inter_node_gbps" if self.inter_node_gbps else "the table's assumption, not measured"
 
     @property
+    def float8_matmul_ratio(self) -> float | None:
+        """A float8 linear's matmul time over bf16's, as measured on this device (None: not measured)."""
+        return self.table.get("float8", {}).get("matmul_ratio")
+
+    @property
     def memory_bytes(self) -> float:
         return self.table["spec"]["memory_gib"] * 2**30
 

@@ -42,7 +42,7 @@ class Predictor:
                 traces={key: trace_step(self.run, layers=key[0], batch=key[1], ac=ac) for key in traced_shapes(layers)},
                 layers=layers, depth=min(layers, TRACED_DEPTH), block_params=block, other_params=other,
                 param_bytes=DTYPE_BYTES[param_dtype], reduce_bytes=DTYPE_BYTES[f.reduce_dtype or param_dtype],
-                seq_len=self.run.train.seq_len, clips=self.run.optim.max_norm is not None,
+                seq_len=self.run.train.seq_len, clips=self.run.optim.max_norm is not None, float8_share=self.facts.float8_share,
             )
         return self._models[ac]
 

@@ -65,8 +65,18 @@ def plan(run: RunConfig, predictor: Predictor | None = None) -> tuple[list[Candi
               "tokens_per_step": samples * facts.tokens_per_sample,
               "params": facts.block_params + facts.other_params, "blocks": facts.layers,
               "fits_rule": rule(run, device.memory_bytes), "memory_margin": run.plan.memory_margin,
-              "inter_node_gbps": device.link_gbps, "inter_node_source": device.link_source}
+              "inter_node_gbps": device.link_gbps, "inter_node_source": device.link_source,
+              "float8": float8_pricing(facts.float8_share, device)}
     return candidates, header
+
+
+def float8_pricing(share: float, device) -> str | None:
+    """How the plan priced float8 matmuls (None without float8)."""
+    if not share:
+        return None
+    ratio = device.float8_matmul_ratio
+    how = f"at {ratio:g}x bf16's time (the table's measured ratio)" if ratio else "as bf16 (the table has no float8 measurement)"
+    return f"float8: {share:.0%} of the blocks' matmuls priced {how}"
 
 
 def command_line(user_overrides: list[str], candidate: Candidate) -> str:
@@ -78,6 +88,7 @@ def render(candidates: list[Candidate], header: dict, top: int, measured: dict[i
     lines = [f"Plan: {header['gpus']} x {header['device']} ({header['gpus_per_node']} per node), "
              f"{header['params'] / 1e6:.0f}M params in {header['blocks']} blocks, {header['tokens_per_step']:,} tokens per step",
              f"inter-node link {header['inter_node_gbps']:g} GB/s per GPU ({header['inter_node_source']}); {header['fits_rule']}",
+             *([header["float8"]] if header.get("float8") else []),
              f"{'#':>3} {'pp':>2} {'rep':>3} {'shard':>5} {'tp':>2} {'ac':>4} {'mb':>3} {'reshard':>7} {'cmp':>3} {'grp':>3} {'peak GiB':>8} "
              f"{'step ms':>8} {'tok/s/GPU':>9} {'MFU':>5} {'fits':>4}" + ("  measured ms  error  peak GiB  runs" if measured else "")]
     for i, c in enumerate(candidates[:top]):

@@ -1,6 +1,6 @@
 """The candidates of a plan: every mesh of plan.gpus GPUs (pp x dp_replicate x dp_shard x tp, tp within
 a node), AC none/full, the microbatch counts that divide a rank's batch, resharding on/off, compiled
-or eager blocks (plan.search_compile), wrap.group 1 or 2 (two blocks one FSDP unit); each one
+or eager blocks (plan.search_compile), wrap.group 1, 2 or 4 (blocks to one FSDP unit); each one
 the lab itself accepts (the checks a run gets before its ranks start), priced, and ranked by
 predicted tokens/s per GPU among those that fit in memory (fits.py: the rule and its margin)."""
 
@@ -19,7 +19,10 @@ from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.validate import check_run
 
 AC_MODES = ("none", "full")
-GROUPS = (1, 2)  # wrap.group: the speed work found pairs of blocks per FSDP unit worth their memory
+# wrap.group: the speed work found 2 (compiled) and 4 (eager: FSDP's host work per unit paid a quarter
+# as often) blocks per FSDP unit worth their memory; only groups that divide a stage's blocks, which the
+# cost model prices as equal units.
+GROUPS = (1, 2, 4)
 
 
 def divisors(n: int) -> list[int]:
@@ -69,7 +72,9 @@ def layouts(run: RunConfig, samples: int) -> list[Layout]:
         for mbs in divisors(batch):
             if mbs > p.max_microbatches or (pp > 1 and mbs < pp):
                 continue
-            for ac, compiled, group in itertools.product(AC_MODES, compile_options(run), GROUPS if shard > 1 else (1,)):
+            stage_blocks = len(next(iter(built.values())).blocks) // pp
+            groups = [g for g in GROUPS if stage_blocks % g == 0] if shard > 1 else [1]
+            for ac, compiled, group in itertools.product(AC_MODES, compile_options(run), groups):
                 for reshard in ((True, False) if shard > 1 and pp == 1 else (True,)):
                     layout = Layout(pp, rep, shard, tp, ac, mbs, batch // mbs, reshard, compiled, group)
                     if _accepted(run, layout, built[compiled]):

@@ -180,8 +180,8 @@ class Trace:
 
 
 def traced_run(run: RunConfig, *, batch: int, ac: str) -> tuple[RunConfig, ParallelDims]:
-    """The configuration a trace runs: `batch` samples in one microbatch, FSDP over the trace world, no
-    TP, PP or compile (the cost model adds those); `layers` blocks (None = the model's own depth) are
+    """The configuration a trace runs: `batch` samples in one microbatch, FSDP over the trace world with
+    a unit per block, no TP, PP, grouping or compile (the cost model adds those); `layers` blocks (None = the model's own depth) are
     kept where trace_step builds it (fsdp_lab.models.depth.blocks_kept)."""
     model = dataclasses.replace(run.model, compile=False)
     dims = ParallelDims.resolve(TRACE_WORLD)
@@ -190,6 +190,7 @@ def traced_run(run: RunConfig, *, batch: int, ac: str) -> tuple[RunConfig, Paral
         mesh=dataclasses.replace(run.mesh, **degrees(dims), world_size=TRACE_WORLD, sequence_parallel=False),
         train=dataclasses.replace(run.train, batch_size=batch, microbatches=1),
         ac=dataclasses.replace(run.ac, mode=ac), fsdp=dataclasses.replace(run.fsdp, reshard_after_forward=True),
+        wrap=dataclasses.replace(run.wrap, group=1),
     )
     return traced, dims
 
@@ -230,12 +231,14 @@ class ModelFacts:
     other_params: int
     flops_per_token: float
     tokens_per_sample: int
+    float8_share: float = 0.0  # of the blocks' matmuls, converted to float8 (parallel/float8.py)
 
 
 def model_facts(run: RunConfig) -> ModelFacts:
     """What the plan needs to know of any model the lab trains, from the instance its spec builds on
     the meta device: its blocks (how many, their parameters) and what sits outside them."""
     from fsdp_lab.models import build_meta
+    from fsdp_lab.parallel.float8 import converted_block_share
 
     model = build_meta(run.model)
     blocks = list(model.blocks)
@@ -246,4 +249,4 @@ def model_facts(run: RunConfig) -> ModelFacts:
     total = sum(p.numel() for p in model.parameters())
     seq = run.train.seq_len
     return ModelFacts(len(blocks), sum(in_blocks.values()), total - sum(in_blocks.values()), model.flops_per_token(seq),
-                      model.tokens_per_sample(seq))
+                      model.tokens_per_sample(seq), converted_block_share(model, run.float8))
