@@ -23,10 +23,10 @@ _KEPT: ContextVar[int | None] = ContextVar("slices_kept", default=None)
 
 @contextlib.contextmanager
 def slices_kept(n: int | None):
-    """Inside: each pass of the loss runs its first n row slices only (None: all). For a trace of memory
-    alone (mode=plan's estimates, under fake tensors where every slice's ops cost the host alike): from the
-    second slice on, each holds what the one before held (the slice it computes beside the previous one's,
-    freed once replaced), the last no more, so the first 2 reach the loss's peak of any number."""
+    """Inside: each pass of the loss runs its first n row slices only (None: all), for a trace of memory
+    alone (mode=plan's estimates: under fake tensors every slice costs the host its ops, whatever its
+    size). From the second slice on each holds what the one before held (the slice it computes beside the
+    previous one's, freed once replaced), the last no more, so the first 2 reach the loss's peak of any number."""
     token = _KEPT.set(n)
     try:
         yield

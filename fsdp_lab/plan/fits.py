@@ -10,7 +10,9 @@ line: a full-depth trace of a 70B model takes minutes, and what a step holds gro
 block (a phase's mark bounds a peak that a steeper phase takes over further down). Without pipeline
 stages it traces at most 2 microbatches of the candidate's size: from the second on, each holds what
 the one before held (the accumulated gradients, the same activations), the last adding its reduction,
-so 2 hold the peak of any number, at a fraction of the trace (an 8B plan's best rows run 8)."""
+so 2 hold the peak of any number, at a fraction of the trace (an 8B plan's best rows run 8). For the
+same reason the bf16 loss runs its first 2 row slices (fsdp_lab/cross_entropy.py slices_kept): a 70B
+microbatch of 4 samples has 126."""
 
 from __future__ import annotations
 
