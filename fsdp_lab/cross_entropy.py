@@ -9,15 +9,34 @@ sum differs)."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+from contextvars import ContextVar
+
 import torch
 
 SLICE_ELEMENTS = 2**25
 """Logits per row slice: 128 MiB of float32 work space (1048 rows at 32000 classes)."""
 
+_KEPT: ContextVar[int | None] = ContextVar("slices_kept", default=None)
+
+
+@contextlib.contextmanager
+def slices_kept(n: int | None):
+    """Inside: each pass of the loss runs its first n row slices only (None: all), for a trace of memory
+    alone (mode=plan's estimates: under fake tensors every slice costs the host its ops, whatever its
+    size). From the second slice on each holds what the one before held (the slice it computes beside the
+    previous one's, freed once replaced), the last no more, so the first 2 reach the loss's peak of any number."""
+    token = _KEPT.set(n)
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+
 
 def _row_slices(rows: int, classes: int):
     step = max(1, SLICE_ELEMENTS // max(classes, 1))
-    return (slice(start, start + step) for start in range(0, rows, step))
+    return itertools.islice((slice(start, start + step) for start in range(0, rows, step)), _KEPT.get())
 
 
 class LowPrecisionCrossEntropy(torch.autograd.Function):

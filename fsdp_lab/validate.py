@@ -24,7 +24,7 @@ from fsdp_lab.estimate.refusals import check_estimable
 from fsdp_lab.fault import check_fault
 from fsdp_lab.freeze import check_freeze
 from fsdp_lab.mesh import ParallelDims, requested_world_size
-from fsdp_lab.models import count_params, model_spec
+from fsdp_lab.models import model_spec
 from fsdp_lab.mode_limits import check_estimate_limits, check_plan_limits
 from fsdp_lab.names import check_names
 from fsdp_lab.objective import check_objective
@@ -150,7 +150,7 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str, model=None) 
     check_module_calls(run, dims, device_type, family, model)
     check_float8(run, dims, device_type, model, family.tp_plan(run.model, run.mesh.sequence_parallel) if dims.tp_enabled else None)
     family.check(run.model, run, dims, model)
-    check_reference_fits(run, dims, device_type, count_params(model))
+    check_reference_fits(run, dims, device_type, model)
     for spec in run.checks:
         parse_check(spec)
     check_probes(run, dims)

@@ -20,7 +20,7 @@ from fsdp_lab.plan.device import load_device, memory_gib, plan_device
 from fsdp_lab.plan.fits import estimated_peak_mib, needed_mib, rule
 from fsdp_lab.plan.predict import Predictor, layout_of, traced_shapes
 from fsdp_lab.plan.run import best_fitting_layout, plan, render
-from fsdp_lab.plan.search import _verify
+from fsdp_lab.plan.search import Candidate, _verify
 from fsdp_lab.plan.trace import model_facts
 from fsdp_lab.plan.validate_runs import summarise
 
@@ -117,6 +117,42 @@ def test_the_estimate_at_two_microbatches_lands_on_the_estimate_at_four():
     with quiet():
         whole = estimate(estimate_run(run, layout), dims)["peak_mib"]
     assert estimated_peak_mib(run, layout, 6) == pytest.approx(whole, rel=0.02)
+
+
+def test_the_estimate_at_two_loss_slices_holds_the_peak_of_every_slice(monkeypatch):
+    """The fits verdict runs the bf16 loss's first 2 row slices of any number: the peak of all 8, traced
+    whole, where the loss holds the step's peak (1 slice misses the second beside the first)."""
+    import fsdp_lab.cross_entropy as ce
+    from fsdp_lab.estimate import estimate
+    from fsdp_lab.plan.trace import quiet
+
+    args = ["model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.ffn_dim=64", "model.vocab_size=2048", "mode=estimate",
+            "mesh.dp_shard=2", "fsdp.param_dtype=bfloat16", "train.seq_len=128", "train.batch_size=2", "logger=none"]
+    run, dims = prepared(*args)
+    monkeypatch.setattr(ce, "SLICE_ELEMENTS", 32 * 2048)  # 32 rows a slice: 8 of the 256 rows
+    with quiet():
+        peaks = {}
+        for n in (None, 2, 1):
+            with ce.slices_kept(n):
+                peaks[n] = estimate(run, dims)["peak_mib"]
+    assert peaks[2] == peaks[None] > peaks[1]
+
+
+@pytest.mark.slow
+def test_candidates_past_two_microbatches_of_one_size_share_one_estimate(llama_plan):
+    run, predictor, candidates, _ = llama_plan
+    base = dataclasses.replace(candidates[0].layout, pp=1, dp_replicate=1, compile=False, microbatch_size=1)
+    four, eight = (dataclasses.replace(base, microbatches=n) for n in (4, 8))
+    peaks = dict(predictor.estimated_peaks)
+    predictor.estimated_peaks.clear()
+    try:
+        shown = [Candidate(lay, {"peak_mib": 0.0, "memory_from": "closed form"}, True, 1.0, 0.1) for lay in (four, eight)]
+        for c in shown:
+            _verify(run, c, predictor, predictor.device.memory_bytes)
+        assert list(predictor.estimated_peaks) == [dataclasses.replace(base, microbatches=2)]
+        assert shown[0].prediction["peak_mib"] == shown[1].prediction["peak_mib"] == estimated_peak_mib(run, eight, BLOCKS["llama"])
+    finally:
+        predictor.estimated_peaks.update(peaks)
 
 
 @pytest.mark.slow

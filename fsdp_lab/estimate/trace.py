@@ -24,6 +24,7 @@ from fsdp_lab.estimate.cuda_kernels import cuda_kernels
 from fsdp_lab.estimate.fake_world import fake_world
 from fsdp_lab.estimate.pipeline import pipelined_rank
 from fsdp_lab.estimate.profiler_ranges import no_profiler_ranges
+from fsdp_lab.estimate.shard_views import own_chunks
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import build_plain, count_params
 from fsdp_lab.optim import build_optimizer
@@ -54,7 +55,7 @@ def trace_step(run: RunConfig, dims: ParallelDims, rank: int = 0,
     stages each pp rank holds its own stage (estimate/pipeline.py), and `rank` picks which. `around_step()`
     gives a context the measured step runs in, inside the fake mode (mode=plan records the step's ops there)."""
     device = torch.device("cpu")
-    with fake_world(dims.world_size, rank), cuda_kernels(), no_profiler_ranges():
+    with fake_world(dims.world_size, rank), cuda_kernels(), no_profiler_ranges(), own_chunks():
         mesh, dp_mesh = dims.build_meshes(device.type)  # real tensors: outside the fake mode
         with FakeTensorMode():
             model = build_plain(run.model)  # fake: the values do not matter, their sizes do

@@ -10,7 +10,9 @@ line: a full-depth trace of a 70B model takes minutes, and what a step holds gro
 block (a phase's mark bounds a peak that a steeper phase takes over further down). Without pipeline
 stages it traces at most 2 microbatches of the candidate's size: from the second on, each holds what
 the one before held (the accumulated gradients, the same activations), the last adding its reduction,
-so 2 hold the peak of any number, at a fraction of the trace (an 8B plan's best rows run 8)."""
+so 2 hold the peak of any number, at a fraction of the trace (an 8B plan's best rows run 8). For the
+same reason the bf16 loss runs its first 2 row slices (fsdp_lab/cross_entropy.py slices_kept): a 70B
+microbatch of 4 samples has 126."""
 
 from __future__ import annotations
 
@@ -45,10 +47,17 @@ def estimate_run(run: RunConfig, layout: Layout) -> RunConfig:
     return dataclasses.replace(traced, mode="estimate", model=dataclasses.replace(traced.model, compile=False))
 
 
-def at_most_two_microbatches(run: RunConfig, layout: Layout) -> RunConfig:
-    """The estimate's run with at most 2 microbatches of the layout's size (module docstring: why the
-    peak is the same); pipeline schedules keep theirs (their count shapes the schedule)."""
+def traced_as(layout: Layout) -> Layout:
+    """The layout whose estimate stands for this one's: at most 2 microbatches of its size (module
+    docstring: why the peak is the same); pipeline schedules keep theirs (their count shapes the schedule)."""
     if layout.pp > 1 or layout.microbatches <= 2:
+        return layout
+    return dataclasses.replace(layout, microbatches=2)
+
+
+def at_most_two_microbatches(run: RunConfig, layout: Layout) -> RunConfig:
+    """The estimate's run with the microbatches of traced_as(layout)."""
+    if traced_as(layout) == layout:
         return run
     return dataclasses.replace(run, train=dataclasses.replace(
         run.train, microbatches=2, batch_size=2 * layout.microbatch_size, global_batch_size=None))
@@ -76,6 +85,7 @@ def estimated_peak_mib(run: RunConfig, layout: Layout, layers: int | None = None
     """mode=estimate's peak for the layout's own run (with pipeline stages, the largest pp rank's) at
     the model's depth (`layers` blocks; None: counted on the model): what a candidate shown as fitting
     is judged by, and benchmarks/plan_accuracy.py checks against measured peaks."""
+    from fsdp_lab.cross_entropy import slices_kept
     from fsdp_lab.estimate import estimate
     from fsdp_lab.models.depth import blocks_kept
     from fsdp_lab.plan.trace import model_facts, quiet
@@ -85,7 +95,7 @@ def estimated_peak_mib(run: RunConfig, layout: Layout, layers: int | None = None
     depths = traced_depths(layers, layout.pp)
     results = []
     for depth in dict.fromkeys(depths):
-        with quiet(), blocks_kept(depth):
+        with quiet(), blocks_kept(depth), slices_kept(2):
             results.append(estimate(at_most_two_microbatches(estimate_run(run, layout), layout), dims))
     shallow, deep = results[0], results[-1]
     figures = [at_depth(shallow["peak_mib"], deep["peak_mib"], depths, layers)]

@@ -14,7 +14,7 @@ from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.mesh import ParallelDims, degrees
 from fsdp_lab.models import build_meta
 from fsdp_lab.plan.cost import Layout
-from fsdp_lab.plan.fits import estimable, estimated_peak_mib, fits
+from fsdp_lab.plan.fits import estimable, estimated_peak_mib, fits, traced_as
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.validate import check_run
 
@@ -136,8 +136,9 @@ def _verify(run: RunConfig, c: Candidate, predictor: Predictor, memory: float) -
         return
     # A rank holds what its shard group, tp and pipeline stage give it: the replicas around it (HSDP's
     # all-reduce works in the reduce-scatter's output) and compiling (traced eager) leave it as it is,
-    # so candidates that differ only there share one estimate, taken on the smallest world.
-    same = dataclasses.replace(c.layout, dp_replicate=1, compile=False)
+    # so candidates that differ only there, or in microbatches beyond the 2 traced, share one estimate,
+    # taken on the smallest world.
+    same = dataclasses.replace(traced_as(c.layout), dp_replicate=1, compile=False)
     peaks = predictor.estimated_peaks
     if same not in peaks:
         peaks[same] = estimated_peak_mib(run, same, predictor.facts.layers)

@@ -17,6 +17,7 @@ from torch import nn
 from fsdp_lab.accum import Accumulation
 from fsdp_lab.config import AccumConfig, ConfigError, RunConfig
 from fsdp_lab.mesh import ParallelDims
+from fsdp_lab.models import count_params
 from fsdp_lab.optim import Optimization, Optimized
 from fsdp_lab.parallel.ddp import apply_ddp
 from fsdp_lab.probes import localize, rng
@@ -188,10 +189,12 @@ class ParityProbe(Probe):
 REFERENCE_BYTES_PER_PARAM = 16
 
 
-def check_reference_fits(run: RunConfig, dims: ParallelDims, device_type: str, n_params: int) -> None:
-    """The parity reference is the whole model on every rank, by nature: refuse what cannot fit."""
+def check_reference_fits(run: RunConfig, dims: ParallelDims, device_type: str, model: nn.Module) -> None:
+    """The parity reference is the whole model on every rank, by nature: refuse what cannot fit.
+    Its parameters are counted only where the reference runs (mode=plan checks thousands of layouts)."""
     if not run.probes.parity.enabled or run.mode != "train":
         return
+    n_params = count_params(model)
     need = n_params * REFERENCE_BYTES_PER_PARAM
     if device_type == "cuda":
         if not torch.cuda.is_available():  # a run checked for GPUs elsewhere (mode=plan): theirs are unknown here
