@@ -36,8 +36,12 @@ class _Chunks(Sequence):
 
 @contextlib.contextmanager
 def own_chunks():
-    """Inside: FSDP2's parameters are chunked lazily (module docstring)."""
-    eager = _fsdp_param._chunk_with_empty
+    """Inside: FSDP2's parameters are chunked lazily (module docstring). A torch whose FSDP2 chunks
+    otherwise (a private function, which may move) is left as it is: the same estimate, slower."""
+    eager = getattr(_fsdp_param, "_chunk_with_empty", None)
+    if eager is None:
+        yield
+        return
 
     def lazy(tensor: torch.Tensor, num_chunks: int, dim: int):
         # torch.chunk makes every chunk of an empty dimension empty: nothing to save there.
