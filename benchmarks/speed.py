@@ -64,7 +64,7 @@ RESHARDED = ["fsdp.reshard_after_forward=true", "wrap.group=1"]  # at 8b: as mea
 LAYOUT = {("1b", True): ["fsdp.reshard_after_forward=true", "wrap.group=2"], ("8b", False): RESHARDED, ("8b", True): RESHARDED}
 # --float8: the lab's overrides per recipe; torchtitan's yardstick takes --float8 RECIPE (its tensorwise
 # gathers weights in float8). The lab's tensorwise gathers bf16: at 8b compiled on 4xH100 (2026-11-26)
-# gathering float8 ran at the same speed (9,423 against 9,391 tokens/s, medians of 2) and held 3.8 GiB
+# gathering float8 ran at the same speed (9,423 against 9,391 tokens/s, medians of 2) and held 3.7 GiB
 # more, above torchtitan's peak. Two blocks to a unit at 8b: float8's host work per FSDP unit made one
 # block to a unit 8.5% slower (8,615 against 9,347, one run each); two hold 0.7 GiB more.
 FLOAT8 = {"tensorwise": ["float8.recipe=tensorwise"], "rowwise": ["float8.recipe=rowwise"]}
@@ -84,6 +84,14 @@ def lab(overrides: list[str], warmup: int, profile_dir: Path | None = None) -> d
     s = result.summary
     return {"tokens_per_s": s["perf"]["tokens_per_s"], "mfu": s["perf"]["mfu"], "peak_mib": s["memory"]["peak_mib"],
             "host_step_s": s["perf"]["host_step_s"]}
+
+
+def own_layout(overrides: list[str], layout: list[str], variant: list[str]) -> list[str]:
+    """The lab's overrides for a variant: one that lets the plan choose (layout=auto) runs without the
+    mode's hand-set layout, which it would keep as pinned, so that it chooses among every layout."""
+    if "layout=auto" in variant:
+        overrides = [o for o in overrides if o not in layout]
+    return overrides + variant
 
 
 def lab_run(overrides: list[str]):
@@ -151,7 +159,8 @@ def main() -> None:
     shape = {"warmup": dict(SHAPE)["warmup"], **SHAPES[a.shape]}
     gpus = torch.cuda.device_count() or 2  # 2 gloo ranks on a CPU-only machine
     layouts = FLOAT8_LAYOUT if a.float8 != "none" and (a.shape, a.compile) in FLOAT8_LAYOUT else LAYOUT
-    extra = layouts.get((a.shape, a.compile), []) + extra  # printed with the table: the lab's overrides beyond the shape
+    layout = layouts.get((a.shape, a.compile), [])
+    extra = layout + extra  # printed with the table: the lab's overrides beyond the shape
     lab_overrides = [f"{LAB_KEY.get(k, 'model.' + k)}={v}" for k, v in shape.items()] + extra
     args = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
     # Said either way, so that a layout=auto variant keeps the mode's compile rather than choosing it.
@@ -170,7 +179,7 @@ def main() -> None:
         for name in peers if run % 2 == 0 else peers[::-1]:
             profile_dir = a.profile / name.replace(":", "-") if a.profile and run == 0 else None
             if name == "lab" or name in variants:
-                figures = lab(lab_overrides + variants.get(name, []), shape["warmup"], profile_dir)
+                figures = lab(own_layout(lab_overrides, layout, variants.get(name, [])), shape["warmup"], profile_dir)
             else:
                 figures = peer(name, gpus, args + ([f"--profile={profile_dir}"] if profile_dir else []), a.peer_path)
             runs[name].append({**figures, "at": sum(map(len, runs.values()))})

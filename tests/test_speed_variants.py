@@ -53,6 +53,15 @@ def test_the_labs_layout_per_mode_changes_the_experiment_and_is_accepted(prepare
         assert run != base, mode
 
 
+def test_a_layout_auto_variant_runs_without_the_modes_hand_set_layout():
+    """layout=auto keeps what the command line pins: speed.py's per-mode layout would pin its choice."""
+    own_layout = load("speed").own_layout
+    layout = ["fsdp.reshard_after_forward=true", "wrap.group=2"]
+    overrides = ["model.dim=64", *layout, "model.compile=true"]
+    assert own_layout(overrides, layout, ["layout=auto"]) == ["model.dim=64", "model.compile=true", "layout=auto"]
+    assert own_layout(overrides, layout, ["ac=full"]) == [*overrides, "ac=full"]
+
+
 @pytest.mark.slow
 def test_the_yardsticks_loop_reports_the_hosts_time_per_step_beside_the_labs(tmp_path):
     result = speed("--peers", "lab,hand-written", "--json", str(tmp_path / "runs.json"))
