@@ -32,6 +32,19 @@ MODEL = ["model.dim=256", "model.n_layers=4", "model.n_heads=8", "model.ffn_dim=
 PLAN_64 = ["mode=plan", "plan.gpus=64", "plan.gpus_per_node=8", "plan.device=h100-80gb", "plan.global_batch_tokens=512K", "plan.top=6"]
 
 
+def one_stage(planned, microbatches: int):
+    """The plan's first candidate on one pipeline stage, its shards filling the 64 GPUs; and the predictor."""
+    _, candidates, _, _, predictor = planned
+    layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=microbatches)
+    return dataclasses.replace(layout, dp_shard=64 // (layout.dp_replicate * layout.tp)), predictor
+
+
+def host_figures_as(device: Device, prefix: str, figures: dict) -> tuple[Device, Device]:
+    """The device without its host figures named prefix*, and with `figures` in their place."""
+    host = {k: v for k, v in device.host.items() if not k.startswith(prefix)}
+    return Device(device.name, {**device.table, "host": host}), Device(device.name, {**device.table, "host": {**host, **figures}})
+
+
 # The tests of this plan are in the slow tier: the fixture traces for tens of CPU seconds.
 @pytest.fixture(scope="module")
 def planned():
@@ -282,12 +295,9 @@ def test_ops_dispatched_grow_with_the_microbatch_as_the_traces_at_1_and_2_sample
 
 @pytest.mark.slow
 def test_each_microbatch_after_the_first_adds_the_calibrated_accumulation_host_work(planned):
-    _, candidates, _, _, predictor = planned
-    layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=3)
-    layout = dataclasses.replace(layout, dp_shard=64 // (layout.dp_replicate * layout.tp))
-    model, device = predictor.model(layout.ac), predictor.device
-    without = Device(device.name, {**device.table, "host": {k: v for k, v in device.host.items() if not k.startswith("microbatch_")}})
-    accumulating = Device(device.name, {**device.table, "host": {**without.host, "microbatch_block_s": 1e-3, "microbatch_rest_s": 2e-3}})
+    layout, predictor = one_stage(planned, microbatches=3)
+    model = predictor.model(layout.ac)
+    without, accumulating = host_figures_as(predictor.device, "microbatch_", {"microbatch_block_s": 1e-3, "microbatch_rest_s": 2e-3})
     added = step_time(model, layout, accumulating, 8)["host_s"] - step_time(model, layout, without, 8)["host_s"]
     assert added == pytest.approx(2 * (model.layers * 1e-3 + 2e-3))
 
@@ -297,12 +307,8 @@ def test_each_fsdp_collective_adds_the_calibrated_host_figure_so_grouped_blocks_
     """The table's fsdp_collective_s (compiled: fsdp_compiled_collective_s) per collective a unit issues
     (its all-gather, its reduce-scatter and, resharding, its re-gather; the root unit's too): wrap.group=g
     issues a g-th as many for the blocks; a table without the figures counts them as 0."""
-    _, candidates, _, _, predictor = planned
-    layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=1)
-    layout = dataclasses.replace(layout, dp_shard=64 // (layout.dp_replicate * layout.tp))
-    device = predictor.device
-    without = Device(device.name, {**device.table, "host": {k: v for k, v in device.host.items() if not k.startswith("fsdp_")}})
-    hooked = Device(device.name, {**device.table, "host": {**without.host, "fsdp_collective_s": 1e-3, "fsdp_compiled_collective_s": 3e-3}})
+    layout, predictor = one_stage(planned, microbatches=1)
+    without, hooked = host_figures_as(predictor.device, "fsdp_", {"fsdp_collective_s": 1e-3, "fsdp_compiled_collective_s": 3e-3})
     blocks = predictor.model(layout.ac).layers
     for group, reshard, compiled in itertools.product((1, 2, 4), (True, False), (True, False)):
         lay = dataclasses.replace(layout, wrap_group=group, reshard=reshard, compile=compiled)
@@ -340,12 +346,8 @@ def test_an_ac_candidates_host_time_grows_by_the_calibrated_checkpoint_figure(pl
     """Each checkpointed block's backward adds the table's ac_block_s (compiled: ac_compiled_block_s)
     to the host's work, once per microbatch; a layout without AC is unchanged, and a table without
     the figures counts them as 0."""
-    _, candidates, _, _, predictor = planned
-    layout = dataclasses.replace(candidates[0].layout, pp=1, microbatches=2)
-    layout = dataclasses.replace(layout, dp_shard=64 // (layout.dp_replicate * layout.tp))
-    device = predictor.device
-    without = Device(device.name, {**device.table, "host": {k: v for k, v in device.host.items() if not k.startswith("ac_")}})
-    checkpointing = Device(device.name, {**device.table, "host": {**without.host, "ac_block_s": 1e-3, "ac_compiled_block_s": 3e-3}})
+    layout, predictor = one_stage(planned, microbatches=2)
+    without, checkpointing = host_figures_as(predictor.device, "ac_", {"ac_block_s": 1e-3, "ac_compiled_block_s": 3e-3})
     blocks = 2 * predictor.model("full").layers
     for ac, compiled, expected in (("full", False, blocks * 1e-3), ("full", True, blocks * 3e-3), ("none", True, 0.0)):
         lay, model = dataclasses.replace(layout, ac=ac, compile=compiled), predictor.model(ac)
