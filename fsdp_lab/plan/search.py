@@ -64,16 +64,16 @@ def layouts(run: RunConfig, samples: int) -> list[Layout]:
     p = run.plan
     built = {c: build_meta(dataclasses.replace(run.model, compile=c)) for c in compile_options(run)}  # checked, never changed
     out = []
+    blocks = len(next(iter(built.values())).blocks)
     for pp, rep, shard, tp in meshes(p.gpus, p.gpus_per_node):
         dp = rep * shard
         if samples % dp:
             continue
         batch = samples // dp
+        groups = [g for g in GROUPS if (blocks // pp) % g == 0] if shard > 1 else [1]
         for mbs in divisors(batch):
             if mbs > p.max_microbatches or (pp > 1 and mbs < pp):
                 continue
-            stage_blocks = len(next(iter(built.values())).blocks) // pp
-            groups = [g for g in GROUPS if stage_blocks % g == 0] if shard > 1 else [1]
             for ac, compiled, group in itertools.product(AC_MODES, compile_options(run), groups):
                 for reshard in ((True, False) if shard > 1 and pp == 1 else (True,)):
                     layout = Layout(pp, rep, shard, tp, ac, mbs, batch // mbs, reshard, compiled, group)
