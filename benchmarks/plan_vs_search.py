@@ -10,6 +10,12 @@ ranking disagrees with the measurements on the layouts the study ran.
 Overrides go to both sides; choices (`ac=choice(none)`, `mesh.degrees=choice(pp1-rep1-tp2)`) narrow the
 study only.
 
+--deadline SECONDS: start no part of the study (--chunk trials) that might end past it, and write the
+report of what ran; the same command again resumes (the plan and its measurements kept, the study
+continued from OUT/study.db), so a study longer than one sitting on the GPUs is run in several:
+
+    python benchmarks/plan_vs_search.py --trials 30 --gpus 2 --deadline 540 --out pvs_1b -- +experiment=bench_llama1b   # again until 30 ran
+
 Both measure with the plan's validation settings (fsdp_lab.plan.validate_runs.RUN_OVERRIDES: 8 steps,
 the first 3 left out, no parity reference, no W&B) and the same tokens per step (the plan's
 samples_per_step as train.global_batch_size). Writes OUT/plan_vs_search.json and OUT/plan_vs_search.md."""
@@ -62,22 +68,75 @@ def fixed_only(overrides: list[str]) -> list[str]:
     return [o.input_line for o in parsed if not o.is_sweep_override()]
 
 
-def run_plan(out: Path, gpus: int, validate: int, device: str, overrides: list[str]) -> dict:
-    overrides = fixed_only(overrides)
-    wall = lab(["mode=plan", f"plan.gpus={gpus}", f"plan.gpus_per_node={gpus}", f"plan.validate={validate}",
-                f"plan.top={max(15, validate)}", f"plan.device={device}", *overrides, f"hydra.run.dir={out / 'plan'}"], out / "plan.log")
-    plan = json.loads((out / "plan" / PLAN_FILE).read_text())
-    validated = sorted((out / "plan" / VALIDATE_DIR).rglob("sweep_summary.json"))  # each candidate, each repeat
-    plan["wall_s"], plan["gpu_s"] = wall, sum(gpu_seconds(p) for p in validated)
-    return plan
+def run_plan(out: Path, gpus: int, validate: int, device: str, overrides: list[str], progress: dict) -> dict:
+    """The plan and its validation runs; a resumed benchmark keeps them as they were."""
+    if "plan" not in progress:
+        wall = lab(["mode=plan", f"plan.gpus={gpus}", f"plan.gpus_per_node={gpus}", f"plan.validate={validate}",
+                    f"plan.top={max(15, validate)}", f"plan.device={device}", *fixed_only(overrides), f"hydra.run.dir={out / 'plan'}"],
+                   out / "plan.log")
+        validated = sorted((out / "plan" / VALIDATE_DIR).rglob("sweep_summary.json"))  # each candidate, each repeat
+        progress["plan"] = {"wall_s": wall, "gpu_s": sum(gpu_seconds(p) for p in validated)}
+        save(out, progress)
+    return json.loads((out / "plan" / PLAN_FILE).read_text())
 
 
-def run_search(out: Path, trials: int, samples: int, overrides: list[str]) -> tuple[optuna.Study, float, float]:
-    db = out / "study.db"
-    wall = lab(["-m", "hydra/sweeper=layout_search", f"hydra.sweeper.n_trials={trials}", f"hydra.sweeper.study_name={STUDY}",
-                f"hydra.sweeper.storage=sqlite:///{db}", f"hydra.sweep.dir={out / 'search'}", f"train.global_batch_size={samples}",
-                *RUN_OVERRIDES, *overrides], out / "search.log", ok_codes=(0, 1))  # 1: no trial completed
-    return optuna.load_study(study_name=STUDY, storage=f"sqlite:///{db}"), wall, gpu_seconds(out / "search" / "sweep_summary.json")
+def run_search(out: Path, trials: int, samples: int, overrides: list[str], progress: dict, chunk: int,
+               deadline: float | None, started: float) -> optuna.Study:
+    """The study, --chunk trials a lab invocation (each into its own search/partK), until --trials were
+    tried or the next part might end past the deadline."""
+    storage = f"sqlite:///{out / 'study.db'}"
+    search = progress.setdefault("search", {"wall_s": 0.0, "parts": 0, "trials_timed": 0})
+    while (left := trials - close_interrupted(storage)) > 0:
+        per_trial = search["wall_s"] / max(search["trials_timed"], 1)
+        n = min(chunk, left)
+        if deadline is not None and search["trials_timed"] and time.perf_counter() - started + per_trial * n > deadline:
+            print(f"plan_vs_search: {left} trials left for the deadline ({deadline:.0f} s); the same command resumes the study")
+            break
+        part = out / "search" / f"part{search['parts']}"
+        search["wall_s"] += lab(["-m", "hydra/sweeper=layout_search", f"hydra.sweeper.n_trials={n}", f"hydra.sweeper.study_name={STUDY}",
+                                 f"hydra.sweeper.storage={storage}", f"hydra.sweep.dir={part}", f"train.global_batch_size={samples}",
+                                 *RUN_OVERRIDES, *overrides], out / f"search_part{search['parts']}.log", ok_codes=(0, 1))  # 1: none completed
+        search["parts"] += 1
+        search["trials_timed"] += n
+        save(out, progress)
+    search["gpu_s"] = sum(gpu_seconds(p) for p in sorted((out / "search").glob("part*/sweep_summary.json")))
+    return optuna.load_study(study_name=STUDY, storage=storage)
+
+
+def close_interrupted(storage: str) -> int:
+    """The study's trials so far (0 before it exists). A trial left running by a killed invocation is
+    closed as failed, so that it counts as tried and the study can go on."""
+    try:
+        study = optuna.load_study(study_name=STUDY, storage=storage)
+    except KeyError:  # optuna 2: no study of that name yet
+        return 0
+    for t in study.trials:
+        if t.state == optuna.trial.TrialState.RUNNING:
+            study._storage.set_trial_user_attr(t._trial_id, "fail_reason", "interrupted: the benchmark was stopped mid-trial")
+            study._storage.set_trial_state(t._trial_id, optuna.trial.TrialState.FAIL)
+    return len(study.trials)
+
+
+def load_progress(out: Path) -> dict:
+    """What earlier invocations with this --out did: the plan's cost, the study's parts and wall time, and
+    the directories OUT was at (a resumed study's run dirs are found again under OUT wherever it is now)."""
+    path = out / "progress.json"
+    progress = json.loads(path.read_text()) if path.exists() else {"roots": []}
+    if str(out.resolve()) not in progress["roots"]:
+        progress["roots"].append(str(out.resolve()))
+    return progress
+
+
+def save(out: Path, progress: dict) -> None:
+    (out / "progress.json").write_text(json.dumps(progress, indent=1))
+
+
+def rebased(path: str, out: Path, roots: list[str]) -> Path:
+    """A run dir recorded when OUT was elsewhere (the study resumed on another machine), under OUT now."""
+    for root in roots:
+        if path.startswith(root + os.sep):
+            return out.resolve() / os.path.relpath(path, root)
+    return Path(path)
 
 
 def measured_layout(run_dir: Path) -> dict:
@@ -93,9 +152,10 @@ def key(layout: dict) -> tuple:
     return tuple(layout[k] for k in LAYOUT_KEYS)
 
 
-def compare(plan: dict, study: optuna.Study) -> dict:
+def compare(plan: dict, study: optuna.Study, where=Path) -> dict:
+    """`where`: a recorded run dir's path here."""
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    measured = [measured_layout(Path(t.user_attrs["run_dir"])) for t in done]
+    measured = [measured_layout(where(t.user_attrs["run_dir"])) for t in done]
     # A layout the study measured more than once: its best run stands for it.
     best_per_key: dict[tuple, dict] = {}
     for m in sorted(measured, key=lambda m: -m["tokens_per_s"]):
@@ -115,7 +175,7 @@ def compare(plan: dict, study: optuna.Study) -> dict:
     plan_measured = (plan_pick or {}).get("measured") or {}
     plan_tokens = None
     if plan_measured.get("run_dirs"):  # the validation's repeats: their median, as the plan reports step time
-        plan_tokens = statistics.median(json.loads((Path(d) / "summary.json").read_text())["perf"]["tokens_per_s"]
+        plan_tokens = statistics.median(json.loads((where(d) / "summary.json").read_text())["perf"]["tokens_per_s"]
                                         for d in plan_measured["run_dirs"])
     best = max(measured, key=lambda m: m["tokens_per_s"]) if measured else None
     return {
@@ -177,17 +237,21 @@ def main() -> None:
     parser.add_argument("--validate", type=int, default=1, help="the plan's best candidates measured")
     parser.add_argument("--gpus", type=int, default=None, help="default: the visible GPUs (CPU: 2 ranks)")
     parser.add_argument("--device", default="h100-80gb", help="the plan's device table")
+    parser.add_argument("--deadline", type=float, default=None, help="seconds; the same command again resumes")
+    parser.add_argument("--chunk", type=int, default=5, help="trials a lab invocation of the study")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("overrides", nargs="*", help="the lab's overrides for the model and run, after --")
     args = parser.parse_args()
+    started = time.perf_counter()
     gpus, world = use_gpus(args.gpus)
     args.out.mkdir(parents=True, exist_ok=True)
     overrides = list(args.overrides) + world
-    plan = run_plan(args.out, gpus, args.validate, args.device, overrides)
-    study, search_wall, search_gpu_s = run_search(args.out, args.trials, plan["samples_per_step"], overrides)
-    result = {"gpus": gpus, "overrides": args.overrides, "validate": args.validate,
-              "plan": {"wall_s": plan["wall_s"], "gpu_s": plan["gpu_s"]}, "search": {"wall_s": search_wall, "gpu_s": search_gpu_s},
-              "comparison": compare(plan, study)}
+    progress = load_progress(args.out)
+    plan = run_plan(args.out, gpus, args.validate, args.device, overrides, progress)
+    study = run_search(args.out, args.trials, plan["samples_per_step"], overrides, progress, args.chunk, args.deadline, started)
+    result = {"gpus": gpus, "overrides": args.overrides, "validate": args.validate, "plan": progress["plan"],
+              "search": progress["search"],
+              "comparison": compare(plan, study, lambda d: rebased(d, args.out, progress["roots"]))}
     (args.out / "plan_vs_search.json").write_text(json.dumps(result, indent=1, default=str))
     text = render(result)
     (args.out / "plan_vs_search.md").write_text(text + "\n")

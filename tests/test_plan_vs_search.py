@@ -65,16 +65,40 @@ def test_compare_finds_where_the_plans_ranking_contradicts_the_measurements(tmp_
                                                               "plan": {"gpu_s": 10.0, "wall_s": 20.0}, "search": {"gpu_s": 100.0, "wall_s": 60.0}})
 
 
+def test_a_trial_left_running_by_a_killed_invocation_is_closed_as_failed(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    assert pvs.close_interrupted(storage) == 0, "no study yet"
+    study = optuna.create_study(study_name=pvs.STUDY, storage=storage)
+    study.add_trial(trial(optuna.trial.TrialState.COMPLETE, 1.0))
+    study.ask()  # a trial the killed invocation had started
+    assert pvs.close_interrupted(storage) == 2
+    last = optuna.load_study(study_name=pvs.STUDY, storage=storage).trials[-1]
+    assert last.state == optuna.trial.TrialState.FAIL and last.user_attrs["fail_reason"].startswith("interrupted")
+
+
 @pytest.mark.slow
-def test_the_script_runs_the_plan_and_a_study_on_cpu_ranks(tmp_path):
+def test_the_script_runs_the_plan_and_a_study_on_cpu_ranks_and_resumes_it_elsewhere(tmp_path):
     fixed = ["debug=cpu_tiny", "model.compile=false", "wrap.group=1", "ac=none", "fsdp.reshard_after_forward=true",
              "mesh.degrees=choice(pp1-rep1-tp1,pp1-rep2-tp1)", "plan.top=1"]  # one row shown: one estimate
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "plan_vs_search.py"), "--trials", "1", "--gpus", "2",
-                           "--out", str(tmp_path), "--", *fixed], cwd=REPO, env=lab_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    result = json.loads((tmp_path / "plan_vs_search.json").read_text())
-    r = result["comparison"]
+
+    def script(out, *args):
+        proc = subprocess.run([sys.executable, str(BENCHMARKS / "plan_vs_search.py"), *args, "--gpus", "2", "--out", str(out), "--", *fixed],
+                              cwd=REPO, env=lab_env(), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return json.loads((out / "plan_vs_search.json").read_text()), proc.stdout
+
+    first, _ = script(tmp_path / "a", "--trials", "1")
+    r = first["comparison"]
     assert r["trials"] == 1 and r["measured_trials"] == 1 and r["search_best"]["tokens_per_s"] > 0
     assert r["plan_pick"]["measured_tokens_per_s"] > 0 and r["plan_vs_search"] > 0
-    assert result["plan"]["gpu_s"] > 0 and result["search"]["gpu_s"] > 0, "each side's jobs ran on 2 ranks"
-    assert "The plan against the search: 2 GPUs" in (tmp_path / "plan_vs_search.md").read_text()
+    assert first["plan"]["gpu_s"] > 0 and first["search"]["gpu_s"] > 0, "each side's jobs ran on 2 ranks"
+    assert "The plan against the search: 2 GPUs" in (tmp_path / "a" / "plan_vs_search.md").read_text()
+    # The study goes on in a new sitting, its directory moved (another machine): past a deadline nothing
+    # new starts; then one more trial runs. The plan is not run again, and the first trial's run dir is found.
+    (tmp_path / "a").rename(tmp_path / "b")
+    stopped, out = script(tmp_path / "b", "--trials", "2", "--deadline", "1")
+    assert stopped["comparison"]["trials"] == 1 and "1 trials left for the deadline" in out
+    second, _ = script(tmp_path / "b", "--trials", "2")
+    r = second["comparison"]
+    assert r["trials"] == 2 and r["measured_trials"] == 2 and second["plan"] == first["plan"]
+    assert second["search"]["parts"] == 2 and second["search"]["gpu_s"] > first["search"]["gpu_s"]
