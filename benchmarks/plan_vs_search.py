@@ -183,7 +183,8 @@ def compare(plan: dict, study: optuna.Study, where=Path) -> dict:
                                     "measured_tokens_per_s": plan_tokens, "error": plan_measured.get("error")},
         "search_best": best and {**best, "plan_rank": predicted.get(key(best), (None,))[0]},
         "plan_vs_search": plan_tokens / best["tokens_per_s"] if plan_tokens and best else None,
-        "trials": len(study.trials), "measured_trials": len(done),
+        "trials": len(study.trials), "measured_trials": sum("repeat_of" not in t.user_attrs for t in done),
+        "repeated_trials": sum("repeat_of" in t.user_attrs for t in done),
         "failed_trials": {t.number: t.user_attrs.get("fail_reason") for t in study.trials if t.state == optuna.trial.TrialState.FAIL},
         "ranked_pairs": pairs, "discordant_pairs": sorted(discordant, key=lambda d: -d["measured_gap"]),
     }
@@ -203,7 +204,7 @@ def render(result: dict) -> str:
              "| | best layout | tokens/s per GPU (measured) | GPU-s | wall s |", "|---|---|---|---|---|",
              f"| plan (validate={result['validate']}) | {layout_name(pick) if pick else 'none fits'} | {tok(pick and pick['measured_tokens_per_s'])}"
              f" (predicted {tok(pick and pick['predicted_tokens_per_s'])}) | {plan['gpu_s']:.0f} | {plan['wall_s']:.0f} |",
-             f"| search ({r['measured_trials']} of {r['trials']} trials ran) | {layout_name(best) if best else 'none ran'} | "
+             f"| search ({r['trials']} trials: {r['measured_trials']} layouts ran, {r['repeated_trials']} repeats) | {layout_name(best) if best else 'none ran'} | "
              f"{tok(best and best['tokens_per_s'])} (plan rank {best and best['plan_rank']}) | {search['gpu_s']:.0f} | {search['wall_s']:.0f} |", ""]
     if r["plan_vs_search"]:
         lines.append(f"The plan's pick reaches {r['plan_vs_search']:.1%} of the search's best, for "

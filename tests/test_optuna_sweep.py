@@ -69,11 +69,12 @@ def test_optuna_study_gets_each_jobs_objective_and_failed_jobs_become_failed_tri
 
 
 @pytest.mark.slow
-def test_layout_search_records_why_a_trial_failed_and_resumes_its_sqlite_study(tmp_path):
+def test_layout_search_records_why_a_trial_failed_resumes_its_sqlite_study_and_never_runs_a_layout_twice(tmp_path):
     db = tmp_path / "studies" / "layouts.db"  # a folder the sweeper makes
     fixed = ["train.microbatches=choice(1,3)", "mesh.degrees=choice(pp1-rep1-tp1)", "ac=none", "wrap.group=1", "model.compile=false",
              "fsdp.reshard_after_forward=true", "hydra.sweeper.study_name=layouts", f"hydra.sweeper.storage=sqlite:///{db}"]
-    # TPE with seed 0 starts at random: microbatches 3 (refused), then 1; with seed 2 it starts at 1.
+    # TPE with seed 0 starts at random: microbatches 3 (refused), then 1; with seed 2 it starts at 1 again:
+    # the resumed study's trial takes the measurement it holds, and no job starts.
     first = run_lab("-m", "hydra/sweeper=layout_search", "hydra.sweeper.n_trials=2", *fixed, *TINY,
                     f"hydra.sweep.dir={tmp_path / 'first'}")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -86,8 +87,13 @@ def test_layout_search_records_why_a_trial_failed_and_resumes_its_sqlite_study(t
     refused = by_mb[3]
     assert refused.state == optuna.trial.TrialState.FAIL and "run_dir" not in refused.user_attrs
     assert refused.user_attrs["fail_reason"] == "refused: train.microbatches=3: must divide train.batch_size=4"
-    for trial in (by_mb[1], trials[2]):
-        assert trial.state == optuna.trial.TrialState.COMPLETE and "fail_reason" not in trial.user_attrs
-        assert trial.value == run_summary(Path(trial.user_attrs["run_dir"]))["perf"]["tokens_per_s"]
-    assert trials[2].user_attrs["run_dir"].startswith(str(tmp_path / "again"))
-    assert trials[2].user_attrs["sweep.objective"] == "perf/tokens_per_s", "layout_search asks every job for tokens/s"
+    measured = by_mb[1]
+    assert measured.state == optuna.trial.TrialState.COMPLETE and "fail_reason" not in measured.user_attrs
+    assert measured.value == run_summary(Path(measured.user_attrs["run_dir"]))["perf"]["tokens_per_s"]
+    assert measured.user_attrs["sweep.objective"] == "perf/tokens_per_s", "layout_search asks every job for tokens/s"
+    repeated = trials[2]
+    assert repeated.params == measured.params and repeated.state == optuna.trial.TrialState.COMPLETE
+    assert repeated.user_attrs["repeat_of"] == measured.number and repeated.value == measured.value
+    assert repeated.user_attrs["run_dir"] == measured.user_attrs["run_dir"]
+    assert not any((tmp_path / "again").glob("*/summary.json")), "no job ran"
+    assert (tmp_path / "again" / "optimization_results.yaml").exists()
