@@ -36,6 +36,8 @@ import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from hydra_plugins.fsdp_lab_launchers._trials import INTERRUPTED
+
 from fsdp_lab.plan.run import PLAN_FILE
 from fsdp_lab.plan.validate_runs import RUN_OVERRIDES, VALIDATE_DIR
 
@@ -104,17 +106,17 @@ def run_search(out: Path, trials: int, samples: int, overrides: list[str], progr
 
 
 def close_interrupted(storage: str) -> int:
-    """The study's trials so far (0 before it exists). A trial left running by a killed invocation is
-    closed as failed, so that it counts as tried and the study can go on."""
+    """The study's trials so far, of the sweeper's n_trials: all but repeats it replaced (0 before it exists). A trial left running by a
+    killed invocation is closed as failed, so that the study can go on (the layout stays untried)."""
     try:
         study = optuna.load_study(study_name=STUDY, storage=storage)
     except KeyError:  # optuna 2: no study of that name yet
         return 0
     for t in study.trials:
         if t.state == optuna.trial.TrialState.RUNNING:
-            study._storage.set_trial_user_attr(t._trial_id, "fail_reason", "interrupted: the benchmark was stopped mid-trial")
+            study._storage.set_trial_user_attr(t._trial_id, "fail_reason", f"{INTERRUPTED}: the benchmark was stopped mid-trial")
             study._storage.set_trial_state(t._trial_id, optuna.trial.TrialState.FAIL)
-    return len(study.trials)
+    return sum("replaced" not in t.user_attrs for t in study.trials)
 
 
 def load_progress(out: Path) -> dict:
@@ -183,9 +185,11 @@ def compare(plan: dict, study: optuna.Study, where=Path) -> dict:
                                     "measured_tokens_per_s": plan_tokens, "error": plan_measured.get("error")},
         "search_best": best and {**best, "plan_rank": predicted.get(key(best), (None,))[0]},
         "plan_vs_search": plan_tokens / best["tokens_per_s"] if plan_tokens and best else None,
-        "trials": len(study.trials), "measured_trials": sum("repeat_of" not in t.user_attrs for t in done),
-        "repeated_trials": sum("repeat_of" in t.user_attrs for t in done),
-        "failed_trials": {t.number: t.user_attrs.get("fail_reason") for t in study.trials if t.state == optuna.trial.TrialState.FAIL},
+        "trials": sum("replaced" not in t.user_attrs for t in study.trials),
+        "measured_trials": sum("repeat_of" not in t.user_attrs for t in done),
+        "repeated_trials": sum("repeat_of" in t.user_attrs for t in study.trials),
+        "failed_trials": {t.number: t.user_attrs.get("fail_reason") for t in study.trials
+                          if t.state == optuna.trial.TrialState.FAIL and "repeat_of" not in t.user_attrs},
         "ranked_pairs": pairs, "discordant_pairs": sorted(discordant, key=lambda d: -d["measured_gap"]),
     }
 
@@ -204,7 +208,7 @@ def render(result: dict) -> str:
              "| | best layout | tokens/s per GPU (measured) | GPU-s | wall s |", "|---|---|---|---|---|",
              f"| plan (validate={result['validate']}) | {layout_name(pick) if pick else 'none fits'} | {tok(pick and pick['measured_tokens_per_s'])}"
              f" (predicted {tok(pick and pick['predicted_tokens_per_s'])}) | {plan['gpu_s']:.0f} | {plan['wall_s']:.0f} |",
-             f"| search ({r['trials']} trials: {r['measured_trials']} layouts ran, {r['repeated_trials']} repeats) | {layout_name(best) if best else 'none ran'} | "
+             f"| search ({r['trials']} trials, {r['measured_trials']} ran; {r['repeated_trials']} repeats answered from the study) | {layout_name(best) if best else 'none ran'} | "
              f"{tok(best and best['tokens_per_s'])} (plan rank {best and best['plan_rank']}) | {search['gpu_s']:.0f} | {search['wall_s']:.0f} |", ""]
     if r["plan_vs_search"]:
         lines.append(f"The plan's pick reaches {r['plan_vs_search']:.1%} of the search's best, for "

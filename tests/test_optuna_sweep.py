@@ -69,31 +69,38 @@ def test_optuna_study_gets_each_jobs_objective_and_failed_jobs_become_failed_tri
 
 
 @pytest.mark.slow
-def test_layout_search_records_why_a_trial_failed_resumes_its_sqlite_study_and_never_runs_a_layout_twice(tmp_path):
+def test_layout_search_tries_each_layout_once_records_why_one_failed_and_resumes_its_sqlite_study(tmp_path):
     db = tmp_path / "studies" / "layouts.db"  # a folder the sweeper makes
-    fixed = ["train.microbatches=choice(1,3)", "mesh.degrees=choice(pp1-rep1-tp1)", "ac=none", "wrap.group=1", "model.compile=false",
+    fixed = ["train.microbatches=choice(1,2,3)", "mesh.degrees=choice(pp1-rep1-tp1)", "ac=none", "wrap.group=1", "model.compile=false",
              "fsdp.reshard_after_forward=true", "hydra.sweeper.study_name=layouts", f"hydra.sweeper.storage=sqlite:///{db}"]
-    # TPE with seed 0 starts at random: microbatches 3 (refused), then 1; with seed 2 it starts at 1 again:
-    # the resumed study's trial takes the measurement it holds, and no job starts.
-    first = run_lab("-m", "hydra/sweeper=layout_search", "hydra.sweeper.n_trials=2", *fixed, *TINY,
+    # Three trials over three layouts: whatever TPE proposes, a repeat is answered from the study and
+    # replaced by the untried layout, so each layout is tried once (microbatches 3 is refused).
+    first = run_lab("-m", "hydra/sweeper=layout_search", "hydra.sweeper.n_trials=3", *fixed, *TINY,
                     f"hydra.sweep.dir={tmp_path / 'first'}")
     assert first.returncode == 0, first.stderr[-3000:]
-    again = run_lab("-m", "hydra/sweeper=layout_search", "hydra.sweeper.n_trials=1", "hydra.sweeper.sampler.seed=2",
-                    *fixed, *TINY, f"hydra.sweep.dir={tmp_path / 'again'}")
-    assert again.returncode == 0, again.stderr[-3000:]
     trials = study(db, "layouts").trials
-    assert [t.number for t in trials] == [0, 1, 2], "the second command went on with the stored study"
-    by_mb = {t.params["train.microbatches"]: t for t in trials[:2]}
+    tried = [t for t in trials if "replaced" not in t.user_attrs]
+    assert sorted(t.params["train.microbatches"] for t in tried) == [1, 2, 3] and len(tried) == 3
+    for replaced in (t for t in trials if "replaced" in t.user_attrs):
+        assert trials[replaced.user_attrs["repeat_of"]].params == replaced.params
+    by_mb = {t.params["train.microbatches"]: t for t in tried}
     refused = by_mb[3]
     assert refused.state == optuna.trial.TrialState.FAIL and "run_dir" not in refused.user_attrs
     assert refused.user_attrs["fail_reason"] == "refused: train.microbatches=3: must divide train.batch_size=4"
-    measured = by_mb[1]
-    assert measured.state == optuna.trial.TrialState.COMPLETE and "fail_reason" not in measured.user_attrs
-    assert measured.value == run_summary(Path(measured.user_attrs["run_dir"]))["perf"]["tokens_per_s"]
-    assert measured.user_attrs["sweep.objective"] == "perf/tokens_per_s", "layout_search asks every job for tokens/s"
-    repeated = trials[2]
-    assert repeated.params == measured.params and repeated.state == optuna.trial.TrialState.COMPLETE
-    assert repeated.user_attrs["repeat_of"] == measured.number and repeated.value == measured.value
-    assert repeated.user_attrs["run_dir"] == measured.user_attrs["run_dir"]
+    for measured in (by_mb[1], by_mb[2]):
+        assert measured.state == optuna.trial.TrialState.COMPLETE and "fail_reason" not in measured.user_attrs
+        assert measured.value == run_summary(Path(measured.user_attrs["run_dir"]))["perf"]["tokens_per_s"]
+        assert measured.user_attrs["sweep.objective"] == "perf/tokens_per_s", "layout_search asks every job for tokens/s"
+    assert len(sweep_rows(tmp_path / "first")) == 3, "three jobs: no layout ran twice"
+    # The same command again goes on with the stored study; with no layout left untried its trial is a
+    # repeat, answered with the earlier trial's outcome, and no job starts.
+    again = run_lab("-m", "hydra/sweeper=layout_search", "hydra.sweeper.n_trials=1", *fixed, *TINY,
+                    f"hydra.sweep.dir={tmp_path / 'again'}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    last = study(db, "layouts").trials[-1]
+    assert last.number == len(trials), "the second command went on with the stored study"
+    earlier = by_mb[last.params["train.microbatches"]]
+    assert last.user_attrs["repeat_of"] == earlier.number and "replaced" not in last.user_attrs
+    assert (last.state, last.value, last.user_attrs.get("fail_reason")) == (earlier.state, earlier.value, earlier.user_attrs.get("fail_reason"))
     assert not any((tmp_path / "again").glob("*/summary.json")), "no job ran"
     assert (tmp_path / "again" / "optimization_results.yaml").exists()

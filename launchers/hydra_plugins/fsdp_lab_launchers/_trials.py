@@ -6,15 +6,20 @@ when reading a failed JobReturn's value raises):
   reason (`fail_reason`: a refusal before any rank started, or the rank's error): Optuna 2 stores none;
 - an SQLite study's folder is made, so `storage: sqlite:///outputs/studies/NAME.db` needs no mkdir, and
   the sweep dir, where the sweeper writes its results even when every trial was a repeat;
-- a trial whose layout a completed trial of the study already measured is not run again: it takes that
-  trial's value (user attribute `repeat_of`: its number; `run_dir`: its run dir). TPE, once it has a
-  good point, proposes it again and again (a 2-GPU study of 25 trials measured one layout 12 times), and
-  a repeat would cost a run's GPU time to learn what the study holds;
+- a layout the study already tried is never run again. TPE, once it holds a good point, proposes it
+  again and again (a 2-GPU study of 25 trials measured one layout 12 times). The repeated trial gets the
+  earlier trial's outcome (its value, or its failure and `fail_reason`; user attributes `repeat_of`: its
+  number, `run_dir`: its run dir), and its place in the batch goes to a layout the study has not tried,
+  drawn at random over the choices (seeded by the study's size; the repeat gets `replaced: true` and is
+  not one of n_trials): every trial of n_trials is a new layout while one is left. Where none is left (or a parameter is not a choice) the repeat stays, answered from
+  the study at no GPU time. A trial cut short (`interrupted`) does not count as tried;
 - the mesh is one parameter, `mesh.degrees=pp1-rep2-tp1`, spelled out as the lab's mesh keys for the job
   (fsdp_lab/search_space.py)."""
 
 from __future__ import annotations
 
+import itertools
+import random
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -39,17 +44,50 @@ def record(trial, ret: JobReturn) -> None:
         trial.set_user_attr("fail_reason", getattr(error, "reason", None) or f"{type(error).__name__}: {error}")
 
 
-def measured_before(trial):
-    """The study's completed trial with this trial's parameters, if any."""
-    done = trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    return next((t for t in done if t.params == trial.params), None)
+INTERRUPTED = "interrupted"  # fail_reason's start for a trial that never finished (benchmarks/plan_vs_search.py)
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+
+
+class RepeatedFailure(Exception):
+    """The failure of the earlier trial a repeat stands for."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def tried_before(trial):
+    """The study's earlier finished trial with this trial's parameters, if any."""
+    done = trial.study.get_trials(deepcopy=False, states=FINISHED)
+    return next((t for t in done if t.number != trial.number and t.params == trial.params
+                 and not t.user_attrs.get("fail_reason", "").startswith(INTERRUPTED)), None)
+
+
+def mark_repeat(trial, earlier) -> None:
+    trial.set_user_attr("repeat_of", earlier.number)
+    for attr in ("run_dir", "fail_reason"):
+        if attr in earlier.user_attrs:
+            trial.set_user_attr(attr, earlier.user_attrs[attr])
 
 
 def repeat(trial, earlier, overrides: Sequence[str]) -> JobReturn:
-    trial.set_user_attr("repeat_of", earlier.number)
-    if "run_dir" in earlier.user_attrs:
-        trial.set_user_attr("run_dir", earlier.user_attrs["run_dir"])
-    return JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED, _return_value=earlier.value)
+    """The job a repeated trial would have run, answered with the earlier trial's outcome."""
+    mark_repeat(trial, earlier)
+    if earlier.state == optuna.trial.TrialState.COMPLETE:
+        return JobReturn(overrides=list(overrides), status=JobStatus.COMPLETED, _return_value=earlier.value)
+    return JobReturn(overrides=list(overrides), status=JobStatus.FAILED, _return_value=RepeatedFailure(earlier.user_attrs.get("fail_reason", "")))
+
+
+def untried(study, search_space: dict) -> dict | None:
+    """A point of the search space no trial of the study has (refused and failed ones count as tried),
+    at random; None when every point was tried or a parameter is not a choice."""
+    if not all(isinstance(d, optuna.distributions.CategoricalDistribution) for d in search_space.values()):
+        return None
+    tried = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)}
+    names = sorted(search_space)
+    left = [dict(zip(names, values)) for values in itertools.product(*(search_space[n].choices for n in names))
+            if tuple(sorted(zip(names, values))) not in tried]
+    return random.Random(len(tried)).choice(left) if left else None
 
 
 class NoTrialCompleted(CompactHydraException):
@@ -64,7 +102,7 @@ class RecordingLauncher:
         self.launcher, self.sweeper = launcher, sweeper
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        earlier = [measured_before(trial) for trial in self.sweeper.batch]
+        earlier = [tried_before(trial) for trial in self.sweeper.batch]
         new = [overrides for overrides, before in zip(job_overrides, earlier) if before is None]
         ran = iter(self.launcher.launch(new, initial_job_idx=initial_job_idx) if new else [])
         returns = []
@@ -98,6 +136,21 @@ class RecordingOptunaSweeper(OptunaSweeperImpl):
             raise NoTrialCompleted(f"error: no trial of study {self.study_name} completed; each failed trial's "
                                    "reason is its user attribute fail_reason") from None
 
-    def _configure_trials(self, trials, *args: Any):
+    def _configure_trials(self, trials, search_space, fixed_params):
+        """Each trial's job overrides. A trial repeating a tried layout is told that trial's outcome and,
+        in `trials` itself (the list the sweeper tells after the launch), replaced by an untried layout."""
+        jobs = []
+        for i, trial in enumerate(trials):
+            [job] = super()._configure_trials([trial], search_space, fixed_params)
+            earlier = tried_before(trial)
+            point = untried(trial.study, search_space) if earlier is not None else None
+            if point is not None:
+                mark_repeat(trial, earlier)
+                trial.set_user_attr("replaced", True)
+                trial.study.tell(trial, values=earlier.values, state=earlier.state)
+                trial.study.enqueue_trial(point)
+                trials[i] = trial = trial.study.ask()
+                [job] = super()._configure_trials([trial], search_space, fixed_params)
+            jobs.append(expand_mesh(list(job)))
         self.batch = list(trials)  # the batch the next launch runs, in the order of its jobs
-        return [expand_mesh(list(overrides)) for overrides in super()._configure_trials(trials, *args)]
+        return jobs
