@@ -106,8 +106,8 @@ def run_search(out: Path, trials: int, samples: int, overrides: list[str], progr
 
 
 def close_interrupted(storage: str) -> int:
-    """The study's trials so far, of the sweeper's n_trials: all but repeats it replaced (0 before it exists). A trial left running by a
-    killed invocation is closed as failed, so that the study can go on (the layout stays untried)."""
+    """The study's trials so far (0 before it exists). A trial left running by a killed invocation is
+    closed as failed, so that the study can go on (the layout stays untried)."""
     try:
         study = optuna.load_study(study_name=STUDY, storage=storage)
     except KeyError:  # optuna 2: no study of that name yet
@@ -116,7 +116,12 @@ def close_interrupted(storage: str) -> int:
         if t.state == optuna.trial.TrialState.RUNNING:
             study._storage.set_trial_user_attr(t._trial_id, "fail_reason", f"{INTERRUPTED}: the benchmark was stopped mid-trial")
             study._storage.set_trial_state(t._trial_id, optuna.trial.TrialState.FAIL)
-    return sum("replaced" not in t.user_attrs for t in study.trials)
+    return counted(study.trials)
+
+
+def counted(trials) -> int:
+    """Trials of the sweeper's n_trials: all but the repeats it gave to an untried layout."""
+    return sum("replaced" not in t.user_attrs for t in trials)
 
 
 def load_progress(out: Path) -> dict:
@@ -185,7 +190,7 @@ def compare(plan: dict, study: optuna.Study, where=Path) -> dict:
                                     "measured_tokens_per_s": plan_tokens, "error": plan_measured.get("error")},
         "search_best": best and {**best, "plan_rank": predicted.get(key(best), (None,))[0]},
         "plan_vs_search": plan_tokens / best["tokens_per_s"] if plan_tokens and best else None,
-        "trials": sum("replaced" not in t.user_attrs for t in study.trials),
+        "trials": counted(study.trials),
         "measured_trials": sum("repeat_of" not in t.user_attrs for t in done),
         "repeated_trials": sum("repeat_of" in t.user_attrs for t in study.trials),
         "failed_trials": {t.number: t.user_attrs.get("fail_reason") for t in study.trials
