@@ -208,6 +208,7 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
     counts = {L: Counts(ops=232 + L * 734, kernels=3 + L * 23, ac_ops=248 + L * 912, ac_kernels=3 + L * 30) for L in DEPTHS}
     op_s, step_s, tp_kernel_s, tp_step_s, compiled_kernel_s = 8e-6, 1e-3, 5e-5, 2e-3, 2e-4
     microbatch_block_s, microbatch_rest_s, ac_block_s, ac_compiled_block_s = 3e-4, 7e-4, 4e-4, 6e-4
+    tp_compiled_block_s, tp_ac_block_s = 9e-4, 2e-3
     rest_ops = 232
 
     def eager(L): return counts[L].ops * op_s + step_s
@@ -216,8 +217,11 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
     def mb2(L): return 2 * counts[L].ops * op_s + step_s + L * microbatch_block_s + microbatch_rest_s
     def ac(L): return counts[L].ac_ops * op_s + step_s + L * ac_block_s
     def ac_compiled(L): return L * (30 * compiled_kernel_s + ac_compiled_block_s) + rest_ops * op_s + step_s
+    def tp_compiled(L): return compiled(L) + L * tp_compiled_block_s + tp_step_s
+    def tp_ac(L): return ac(L) + counts[L].ac_kernels * tp_kernel_s + L * tp_ac_block_s + tp_step_s
 
-    runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2), ("ac", ac), ("ac compiled", ac_compiled))
+    runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2), ("ac", ac), ("ac compiled", ac_compiled),
+            ("tp compiled", tp_compiled), ("tp ac", tp_ac))
     timed = {f"{name} {L}": f(L) for name, f in runs for L in DEPTHS}
     # every run the calibration times is read, at each width
     assert {name for name, _ in host_runs(2)} == {f"{name} @{w['dim']}" for name in timed for w in widths()}
@@ -228,6 +232,8 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
     assert fitted["microbatch_block_s"] == pytest.approx(microbatch_block_s) and fitted["microbatch_rest_s"] == pytest.approx(microbatch_rest_s)
     assert fitted["ac_block_s"] == pytest.approx(ac_block_s)
     assert fitted["ac_compiled_block_s"] == pytest.approx(ac_compiled_block_s)
+    assert fitted["tp_compiled_block_s"] == pytest.approx(tp_compiled_block_s) and fitted["tp_ac_block_s"] == pytest.approx(tp_ac_block_s)
+    assert not any(name.startswith("tp") for name, _ in host_runs(1)), "TP needs two ranks"
     assert fitted["traced"]["rest_kernels"] == 3 and hi - lo >= 4  # per-block figures over several blocks: noise divided
 
 
@@ -235,11 +241,12 @@ def test_eager_host_runs_are_timed_in_rounds_apart_and_their_median_taken():
     """A host's speed moves from run to run: each eager run comes ROUNDS times, every run of a round
     (both widths) before the next round's, and its figure is the median of its rounds; compiled runs once."""
     names = [name for name, _ in host_runs(2)]
-    eager = [n for n in dict.fromkeys(names) if not n.startswith(("compiled", "ac compiled"))]
+    compiled = ("compiled", "ac compiled", "tp compiled")
+    eager = [n for n in dict.fromkeys(names) if not n.startswith(compiled)]
     assert ROUNDS >= 3 and all(names.count(n) == ROUNDS for n in eager)
     assert names[: len(eager)] == names[len(eager) : 2 * len(eager)] == eager
     assert {n.split("@")[1] for n in eager} == {str(w["dim"]) for w in widths()}
-    assert all(names.count(run_name(v, L, w)) == 1 for v in ("compiled", "ac compiled") for L in DEPTHS for w in widths())
+    assert all(names.count(run_name(v, L, w)) == 1 for v in compiled for L in DEPTHS for w in widths())
     rows = [{"config": "eager 2", "host_step_s": s} for s in (0.9, 0.1, 0.2)] + [{"config": "compiled 2", "host_step_s": 0.4}]
     assert host_times(rows) == {"eager 2": 0.2, "compiled 2": 0.4}
 
@@ -316,6 +323,21 @@ def test_each_fsdp_collective_adds_the_calibrated_host_figure_so_grouped_blocks_
         added = step_time(model, lay, hooked, 8)["host_s"] - step_time(model, lay, without, 8)["host_s"]
         collectives = blocks // group * (3 if reshard else 2) + 2
         assert added == pytest.approx(collectives * (3e-3 if compiled else 1e-3)), (group, reshard, compiled)
+
+
+@pytest.mark.slow
+def test_tp_blocks_compiled_or_checkpointed_add_their_calibrated_host_figures(planned):
+    """tp_compiled_block_s per compiled block and microbatch under TP, tp_ac_block_s per checkpointed eager
+    block under TP; neither without TP, and an eager TP block without checkpointing adds neither."""
+    layout, predictor = one_stage(planned, microbatches=2)
+    without, with_tp = host_figures_as(predictor.device, "tp_", {"tp_compiled_block_s": 1e-3, "tp_ac_block_s": 3e-3})
+    blocks = predictor.model("none").layers
+    for tp, ac, compiled in itertools.product((1, 2), ("none", "full"), (True, False)):
+        lay = dataclasses.replace(layout, tp=tp, dp_shard=64 // tp, ac=ac, compile=compiled)
+        model = predictor.model(ac)
+        added = step_time(model, lay, with_tp, 8)["host_s"] - step_time(model, lay, without, 8)["host_s"]
+        per_block = 0.0 if tp == 1 else 1e-3 if compiled else 3e-3 if ac == "full" else 0.0
+        assert added == pytest.approx(2 * blocks * per_block), (tp, ac, compiled)
 
 
 @pytest.mark.slow
