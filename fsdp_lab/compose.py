@@ -5,6 +5,7 @@ benchmarks and the tests all compose through here."""
 from __future__ import annotations
 
 from dataclasses import fields
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,12 +55,19 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     plain.pop("hydra", None)
     family = model_spec(plain.get("model", {}).get("name", ModelConfig.name)).config
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), {"model": _model_schema(family)}, plain)
+        merged = OmegaConf.merge(_run_schema(family), plain)
     except Exception as e:  # omegaconf's errors span lines; the first names the key and value
         raise ConfigError(str(e).splitlines()[0]) from None
     run = OmegaConf.to_object(merged)
     check_fields(run)
     return run
+
+
+@lru_cache(maxsize=None)
+def _run_schema(family: type) -> DictConfig:
+    """The run's schema with `family`'s config as its model, built once per family (the structured
+    configs cost more than the merge; OmegaConf.merge copies it, never changing it)."""
+    return OmegaConf.merge(OmegaConf.structured(RunConfig), {"model": _model_schema(family)})
 
 
 def compose_cfg(*overrides: str) -> DictConfig:

@@ -23,6 +23,7 @@ from fsdp_lab.plan.run import best_fitting_layout, plan, render
 from fsdp_lab.plan.search import Candidate, _verify
 from fsdp_lab.plan.trace import model_facts
 from fsdp_lab.plan.validate_runs import summarise
+from shared_traces import traces_shared
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # own_models, as a user's package on the path
 
@@ -38,6 +39,13 @@ MODELS = {
 BLOCKS = {"llama": 6, "gpt2": 5, "custom": 5}
 SMALL_PLAN = ["mode=plan", "plan.gpus=4", "plan.gpus_per_node=4", "plan.device=h100-80gb", "plan.top=4", "plan.max_microbatches=2",
               "plan.search_compile=false", "train.seq_len=16", "train.batch_size=2", "logger=none"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_trace_per_model():
+    """The plans of this module trace each model once, whatever GPUs they plan for (shared_traces.py)."""
+    with traces_shared():
+        yield
 
 
 def _shown_fitting(candidates, top):

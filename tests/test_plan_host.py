@@ -9,6 +9,7 @@ import pytest
 from fsdp_lab.plan.device import load_device
 from fsdp_lab.calibrate.host import DEPTHS, fit_widths, run_name, traced_counts, widths
 from fsdp_lab.plan.host import host_figures
+from shared_traces import traces_shared
 
 NARROW = {"dim": 768, "block_kernel_s": 1e-3, "op_s": 4e-6, "step_s": 2e-3, "ac_block_s": 5e-4}
 WIDE = {"dim": 2304, "block_kernel_s": 4e-3, "op_s": 6e-6, "step_s": 3e-3}  # no AC figure: the other width's is read
@@ -58,11 +59,12 @@ def test_each_width_is_fitted_from_its_own_runs_and_priced_at_its_block_s_kernel
     """Host times made from a different cost per op at each width give each width's back, and the
     wider block's kernels are priced longer on the table calibrate_device writes beside them."""
     quick = widths(quick=True)
-    counts = traced_counts(quick[0])  # a block's op count does not depend on its width
-    op_s = {quick[0]["dim"]: 4e-6, quick[1]["dim"]: 7e-6}
-    host_s = {run_name(v, L, w): (2 if v == "mb2" else 1) * counts[L].ops * op_s[w["dim"]] + 1e-3
-              for w in quick for v in ("eager", "mb2", "ac", "compiled", "ac compiled") for L in DEPTHS}
-    sections = fit_widths(host_s, load_device("h200"), quick=True)
+    with traces_shared():  # the fit traces the first width again: its traces are the ones counted here
+        counts = traced_counts(quick[0])  # a block's op count does not depend on its width
+        op_s = {quick[0]["dim"]: 4e-6, quick[1]["dim"]: 7e-6}
+        host_s = {run_name(v, L, w): (2 if v == "mb2" else 1) * counts[L].ops * op_s[w["dim"]] + 1e-3
+                  for w in quick for v in ("eager", "mb2", "ac", "compiled", "ac compiled") for L in DEPTHS}
+        sections = fit_widths(host_s, load_device("h200"), quick=True)
     assert [s["dim"] for s in sections] == [w["dim"] for w in quick]
     assert [s["op_s"] for s in sections] == pytest.approx([4e-6, 7e-6])
     assert [s["step_s"] for s in sections] == pytest.approx([1e-3, 1e-3])

@@ -16,8 +16,16 @@ import torch
 from benchmark_scripts import load
 from fsdp_lab.calibrate.refit import refit
 from fsdp_lab.plan.trace import traced_on
+from shared_traces import traces_shared
 
 DEVICES = Path(__file__).resolve().parent.parent / "fsdp_lab" / "plan" / "devices"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_trace_per_model():
+    """The refits of this module trace the calibration's models once (shared_traces.py)."""
+    with traces_shared():
+        yield
 
 
 def shipped_h200() -> dict:
@@ -60,8 +68,9 @@ def test_a_figure_left_stale_anywhere_is_seen_and_measurements_and_provenance_st
     stale["elementwise"]["blocks"][1]["priced_elementwise_s"] *= 1.1
     stale["host"]["widths"][0]["traced_on"] = "torch 0.0"
     expected = {".host.widths.0.block_kernel_s", ".host.widths.1.step_s", ".elementwise.blocks.1.priced_elementwise_s", ".host.widths.0.traced_on"}
-    assert set(changed(stale, refit(stale))) == expected
-    assert refit(stale)["host"]["widths"][0]["traced_on"] == traced_on()
+    refitted = refit(stale)
+    assert set(changed(stale, refitted)) == expected
+    assert refitted["host"]["widths"][0]["traced_on"] == traced_on()
 
 
 def test_a_table_whose_host_widths_are_not_the_calibrations_is_refused():
