@@ -82,8 +82,8 @@ def _check_plan(run: RunConfig) -> ParallelDims:
     """mode=plan picks the mesh itself: the run's own mesh is not checked; its dims are plan.gpus of FSDP."""
     from fsdp_lab.plan.run import check_plan
 
+    check_plan_limits(run)  # first: what the planner cannot take, before check_plan looks at the model's blocks
     check_plan(run)
-    check_plan_limits(run)
     return ParallelDims.resolve(run.plan.gpus)
 
 

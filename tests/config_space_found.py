@@ -19,6 +19,9 @@ FOUND = [
     # mode=plan with a block order: IndexError, or FSDP's AttributeError, in the planner's shallower traces.
     ["logger=none", "model=transformer", "model.dim=16", "model.n_layers=2", "model.ffn_dim=32", "mode=plan", "plan.gpus=1",
      "plan.gpus_per_node=1", "plan.top=1", "model.layer_order=[0,0,1]"],
+    # ... and one naming a block the model lacks: IndexError counting its FLOPs, before the order was refused.
+    ["logger=none", "model=transformer", "model.dim=16", "model.n_layers=2", "model.ffn_dim=32", "mode=plan", "plan.gpus=1",
+     "plan.gpus_per_node=1", "plan.top=1", "model.layer_order=[5]"],
     # transformers' own validation of a config: StrictDataclassClassValidationError through Hydra.
     ["logger=none", *LLAMA, "model.config.hidden_size=30", "model.config.num_attention_heads=4"],
     # a misspelt transformers config field: the default model built, the key ignored.
