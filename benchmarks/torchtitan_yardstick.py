@@ -20,6 +20,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import loss_parallel
 from yardstick_loop import init_process_group, parse_args, time_steps
 
+from fsdp_lab.parallel.float8 import emulated
+
 UNUSED_AT_IMPORT = ("torch.utils.tensorboard", "datasets", "datasets.distributed")
 
 
@@ -111,8 +113,7 @@ def float8_converters(job, dims, recipe: str, device: torch.device):
     # torchtitan takes tensorwise as "no recipe name" and refuses a recipe name with float8 all-gather.
     f.recipe_name = None if recipe == "tensorwise" else recipe
     f.enable_fsdp_float8_all_gather = f.precompute_float8_dynamic_scale_for_fsdp = recipe == "tensorwise"
-    # No float8 matmul (the CPU try-out): torchtitan's emulation, as the lab's.
-    f.emulate = device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)
+    f.emulate = emulated(device)  # no float8 matmul (the CPU try-out): torchtitan's emulation, as the lab's
     return build_model_converters(job, dims)
 
 

@@ -181,8 +181,8 @@ class Trace:
 
 def traced_run(run: RunConfig, *, batch: int, ac: str) -> tuple[RunConfig, ParallelDims]:
     """The configuration a trace runs: `batch` samples in one microbatch, FSDP over the trace world with
-    a unit per block, no TP, PP, grouping or compile (the cost model adds those); `layers` blocks (None = the model's own depth) are
-    kept where trace_step builds it (fsdp_lab.models.depth.blocks_kept)."""
+    a unit per block, no TP, PP, grouping or compile (the cost model adds those); `layers` blocks (None =
+    the model's own depth) are kept where trace_step builds it (fsdp_lab.models.depth.blocks_kept)."""
     model = dataclasses.replace(run.model, compile=False)
     dims = ParallelDims.resolve(TRACE_WORLD)
     traced = dataclasses.replace(

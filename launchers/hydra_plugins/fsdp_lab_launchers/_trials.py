@@ -49,18 +49,17 @@ FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
 
 
 class RepeatedFailure(Exception):
-    """The failure of the earlier trial a repeat stands for."""
+    """The failure (its fail_reason) of the earlier trial a repeat stands for."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+
+def tried(study) -> list:
+    """The study's trials that tried their layout: all but those cut short (INTERRUPTED), which may run again."""
+    return [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("fail_reason", "").startswith(INTERRUPTED)]
 
 
 def tried_before(trial):
     """The study's earlier finished trial with this trial's parameters, if any."""
-    done = trial.study.get_trials(deepcopy=False, states=FINISHED)
-    return next((t for t in done if t.number != trial.number and t.params == trial.params
-                 and not t.user_attrs.get("fail_reason", "").startswith(INTERRUPTED)), None)
+    return next((t for t in tried(trial.study) if t.state in FINISHED and t.number != trial.number and t.params == trial.params), None)
 
 
 def mark_repeat(trial, earlier) -> None:
@@ -79,15 +78,15 @@ def repeat(trial, earlier, overrides: Sequence[str]) -> JobReturn:
 
 
 def untried(study, search_space: dict) -> dict | None:
-    """A point of the search space no trial of the study has (refused and failed ones count as tried),
-    at random; None when every point was tried or a parameter is not a choice."""
+    """A point of the search space no trial of the study tried (refused and failed ones did), at random;
+    None when every point was tried or a parameter is not a choice."""
     if not all(isinstance(d, optuna.distributions.CategoricalDistribution) for d in search_space.values()):
         return None
-    tried = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)}
+    seen = {tuple(sorted(t.params.items())) for t in tried(study)}
     names = sorted(search_space)
     left = [dict(zip(names, values)) for values in itertools.product(*(search_space[n].choices for n in names))
-            if tuple(sorted(zip(names, values))) not in tried]
-    return random.Random(len(tried)).choice(left) if left else None
+            if tuple(sorted(zip(names, values))) not in seen]
+    return random.Random(len(seen)).choice(left) if left else None
 
 
 class NoTrialCompleted(CompactHydraException):
