@@ -65,6 +65,17 @@ def init_distributed(device_type: str, timeout_s: int) -> DistContext:
     return DistContext(rank=rank, local_rank=local_rank, world_size=world, device=device)
 
 
+def close_distributed(failed: bool) -> None:
+    """Leave the process group. A failed NCCL rank aborts it instead: destroying it waits for the
+    rank's posted operations, and a pipeline rank that ran out of memory mid-step has sends and receives
+    its peer never completes, so the rank never exited and the launcher never saw it fail (a 2xH100
+    study's pp2 trial hung 5 minutes until killed). gloo's destroy returns."""
+    if failed and dist.get_backend() == "nccl":
+        dist.distributed_c10d._abort_process_group()
+    else:
+        dist.destroy_process_group()
+
+
 def set_determinism(seed: int, deterministic_kernels: bool) -> None:
     """Same seed on every rank so model init is identical; optionally deterministic GPU kernels,
     which cost speed (CPU kernels already repeat bit for bit)."""

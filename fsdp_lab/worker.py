@@ -24,7 +24,7 @@ from fsdp_lab.checks import describe, evaluate
 from fsdp_lab.checkpoint import Checkpointer, agreed_resume, read_meta
 from fsdp_lab.config import RunConfig
 from fsdp_lab.failure_report import record_failure
-from fsdp_lab.dist import DistContext, init_distributed, resolve_device_type, set_determinism
+from fsdp_lab.dist import DistContext, close_distributed, init_distributed, resolve_device_type, set_determinism
 from fsdp_lab.fault import Faults
 from fsdp_lab.freeze import freeze
 from fsdp_lab.mesh import ParallelDims
@@ -84,6 +84,7 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
     run_path = Path(run_dir)
     sinks: _RankZeroSinks | None = None
     trainer: Trainer | None = None
+    failed = False
     try:
         resume_from = agreed_resume(run.checkpoint.resume, run_path, ctx.rank)
         start_step = read_meta(resume_from)["step"] if resume_from else 0
@@ -101,6 +102,7 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
         if ctx.is_main:
             print(f"done: {run.train.steps} steps, final loss {trainer.last_loss:.6f}{parity_failed(summary)}", flush=True)
     except BaseException as e:
+        failed = True
         interrupted = isinstance(e, (KeyboardInterrupt, Terminated))
         summary.update(status="interrupted" if interrupted else "failed", error=f"rank {ctx.rank}: {type(e).__name__}: {e}")
         if sinks is not None:
@@ -119,7 +121,7 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
         if sinks is not None:
             sinks.close(summary)
         if dist.is_initialized():
-            dist.destroy_process_group()
+            close_distributed(failed)
 
 
 def parity_failed(summary: dict) -> str:

@@ -88,6 +88,17 @@ def test_wrap_group_shards_consecutive_blocks_as_one_unit_and_prefetches_group_t
     assert states[0]._states_to_forward_prefetch == [states[2]] and states[2]._states_to_forward_prefetch == [states[4]]
 
 
+def test_wrap_group_keeps_a_unit_of_another_class_on_its_own(built):
+    """policy=classes wraps the embedding beside the blocks: grouping 4 to a unit takes blocks only
+    (grouped with the compiled TP blocks after it, the embedding ran with its weight still sharded)."""
+    _, _, model = built("model.n_layers=5", "wrap.policy=classes", "wrap.classes=[Embedding,TransformerBlock]", "wrap.group=4")
+    embedding = model.tok_embeddings._get_fsdp_state()
+    states = [block._get_fsdp_state() for block in model.layers]
+    assert embedding not in states and {id(p) for p in (fp.sharded_param for fp in embedding._fsdp_param_group.fsdp_params)} == {
+        id(model.tok_embeddings.weight)}
+    assert all(s is states[0] for s in states[:4]) and states[4] is not states[0]
+
+
 def test_fsdp1_wraps_the_same_units_with_the_strategy_the_mesh_asks_for(built):
     run, _, model = built("mesh.engine=fsdp1")
     assert isinstance(model, FSDP) and all(isinstance(b, FSDP) for b in unwrap(model).layers)

@@ -32,8 +32,18 @@ def wrap_units(model: nn.Module, cfg: WrapConfig) -> list[nn.Module]:
 
 
 def grouped(units: list[nn.Module], size: int) -> list[list[nn.Module]]:
-    """The units, `size` consecutive ones to a group (the last may be shorter): each group one FSDP unit."""
-    return [units[i : i + size] for i in range(0, len(units), size)]
+    """The units, up to `size` consecutive ones of one class to a group (a run's last may be shorter):
+    each group one FSDP unit. A unit of another class than its neighbours stays on its own: the
+    embedding that policy=classes wraps beside the blocks, grouped with the compiled TP blocks after
+    it, reached forward with its weight still sharded (on 2xH100 and on CPU: `DTensor does not support
+    cross-mesh operation on aten.embedding`) and its own unit is what the experiment asks for."""
+    groups: list[list[nn.Module]] = []
+    for unit in units:
+        if groups and len(groups[-1]) < size and type(groups[-1][0]) is type(unit):
+            groups[-1].append(unit)
+        else:
+            groups.append([unit])
+    return groups
 
 
 def _post_order(module: nn.Module):
