@@ -213,7 +213,7 @@ def render(result: dict) -> str:
              "| | best layout | tokens/s per GPU (measured) | GPU-s | wall s |", "|---|---|---|---|---|",
              f"| plan (validate={result['validate']}) | {layout_name(pick) if pick else 'none fits'} | {tok(pick and pick['measured_tokens_per_s'])}"
              f" (predicted {tok(pick and pick['predicted_tokens_per_s'])}) | {plan['gpu_s']:.0f} | {plan['wall_s']:.0f} |",
-             f"| search ({r['trials']} trials, {r['measured_trials']} ran; {r['repeated_trials']} repeats answered from the study) | {layout_name(best) if best else 'none ran'} | "
+             f"| search ({r['trials']} trials, {r['measured_trials']} completed; {r['repeated_trials']} repeats answered from the study) | {layout_name(best) if best else 'none completed'} | "
              f"{tok(best and best['tokens_per_s'])} (plan rank {best and best['plan_rank']}) | {search['gpu_s']:.0f} | {search['wall_s']:.0f} |", ""]
     if r["plan_vs_search"]:
         lines.append(f"The plan's pick reaches {r['plan_vs_search']:.1%} of the search's best, for "
