@@ -13,6 +13,7 @@ import pytest
 from fsdp_lab.objective import ObjectiveMissing, objective_value
 from fsdp_lab.sinks.files import write_summary
 from fsdp_lab.cli_process import run_lab
+from hydra_plugins.fsdp_lab_launchers._trials import reseed, stored_trials
 
 TINY = ["debug=cpu_tiny", "model.n_layers=1", "probes.memory.enabled=false", "probes.parity.enabled=false"]
 # microbatches=3 does not divide the batch of 4 (refused, never started); the fault at step 1 kills rank 1
@@ -104,3 +105,22 @@ def test_layout_search_tries_each_layout_once_records_why_one_failed_and_resumes
     assert (last.state, last.value, last.user_attrs.get("fail_reason")) == (earlier.state, earlier.value, earlier.user_attrs.get("fail_reason"))
     assert not any((tmp_path / "again").glob("*/summary.json")), "no job ran"
     assert (tmp_path / "again" / "optimization_results.yaml").exists()
+
+
+def test_a_resumed_studys_sampler_does_not_replay_its_draws(tmp_path):
+    """Each invocation builds its sampler with the config's seed: a study resumed one trial at a time was
+    proposed its first layout again at every other trial. Seeded by the stored study's size as well, a
+    resumed sampler draws anew, and the same size draws the same."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    stored = optuna.create_study(study_name="s", storage=storage)
+    for _ in range(3):
+        stored.tell(stored.ask(), 1.0)
+    assert stored_trials(storage, "s") == 3 and stored_trials(storage, "other") == 0 and stored_trials(None, "s") == 0
+
+    def draws(study_size: int) -> list[int]:
+        sampler = optuna.samplers.TPESampler(seed=0)
+        reseed(sampler, study_size)
+        study = optuna.create_study(sampler=sampler)
+        return [study.ask().suggest_categorical("layout", list(range(64))) for _ in range(4)]
+
+    assert draws(3) != draws(0) and draws(3) == draws(3)

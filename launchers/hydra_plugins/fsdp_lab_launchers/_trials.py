@@ -13,6 +13,9 @@ when reading a failed JobReturn's value raises):
   drawn at random over the choices (seeded by the study's size; the repeat gets `replaced: true` and is
   not one of n_trials): every trial of n_trials is a new layout while one is left. Where none is left (or a parameter is not a choice) the repeat stays, answered from
   the study at no GPU time. A trial cut short (`interrupted`) does not count as tried;
+- a resumed study's sampler draws anew: every invocation builds its sampler with the config's seed, so
+  each resumed one replayed the same draws (the 8B study, resumed a trial at a time, was proposed its
+  first trial's layout at every other trial). Its generators are seeded by the study's size as well;
 - the mesh is one parameter, `mesh.degrees=pp1-rep2-tp1`, spelled out as the lab's mesh keys for the job
   (fsdp_lab/search_space.py)."""
 
@@ -23,6 +26,7 @@ import random
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import optuna
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
@@ -89,6 +93,27 @@ def untried(study, search_space: dict) -> dict | None:
     return random.Random(len(seen)).choice(left) if left else None
 
 
+def stored_trials(storage, study_name: str) -> int:
+    """The trials of the stored study the sweep resumes (0: a new study, or one kept in memory)."""
+    if storage is None:
+        return 0
+    try:
+        return len(optuna.load_study(study_name=study_name, storage=storage).trials)
+    except KeyError:  # optuna 2: no study of that name yet
+        return 0
+
+
+def reseed(sampler, study_size: int) -> None:
+    """Seed the sampler's generators (TPE's and the random sampler's inside it; optuna 2) from the seed
+    it was built with and the study's size: reproducible, and a resumed study does not replay its draws."""
+    if not study_size:
+        return
+    for part in (sampler, getattr(sampler, "_random_sampler", None)):
+        rng = getattr(part, "_rng", None)
+        if isinstance(rng, np.random.RandomState):
+            rng.seed((int(rng.randint(2**31 - 1)) + study_size) % 2**32)
+
+
 class NoTrialCompleted(CompactHydraException):
     """Every trial of the study failed: there is no best one (Hydra prints only this line)."""
 
@@ -127,6 +152,7 @@ class RecordingOptunaSweeper(OptunaSweeperImpl):
             Path(self.storage[len(SQLITE):]).parent.mkdir(parents=True, exist_ok=True)
 
     def sweep(self, arguments: list[str]) -> None:
+        reseed(self.sampler, stored_trials(self.storage, self.study_name))
         try:
             return super().sweep(arguments)
         except ValueError as e:  # optuna 2's study.best_trial, read at the end, when no trial completed
