@@ -15,7 +15,8 @@ few steps, to check the script itself (about 6 minutes on a 2-core CPU). `--refi
 it fits the table's host and elementwise figures again from its stored measurements by the plan's
 current trace (fsdp_lab/calibrate/refit.py), on any CPU, after a change in what the trace records.
 Sections a run does not measure (the collectives on one GPU, the hand-written `spec`) are kept from
-the existing --out table."""
+the existing --out table, and so are the host figures fitted from other runs (fsdp_collective_s:
+fsdp_lab/calibrate/host.py KEPT_FIGURES)."""
 
 from __future__ import annotations
 
@@ -90,11 +91,12 @@ def main() -> None:
             blocks = elementwise_blocks(device, quick=quick)
     dist.destroy_process_group()  # the plan's trace below runs on a fake process group of its own
     if rank == 0:
-        from fsdp_lab.calibrate.host import fit_widths
+        from fsdp_lab.calibrate.host import fit_widths, kept_figures
         from fsdp_lab.plan.device import Device
 
         # Each width's block priced on this table's kernel sections (measured above, or kept with --host-only).
-        table["host"] = {"widths": fit_widths(host_s, Device(name, table), quick), "measured_on": f"{name} x{world}, torch {torch.__version__}"}
+        table["host"] = {**kept_figures(table.get("host", {})), "widths": fit_widths(host_s, Device(name, table), quick),
+                         "measured_on": f"{name} x{world}, torch {torch.__version__}"}
         if not args.host_only and blocks:  # priced by the plan's trace, at this table's bandwidth
             table["elementwise"] = fit_elementwise(blocks, Device(name, table))
         out.write_text(json.dumps(table, indent=1))

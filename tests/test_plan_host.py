@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fsdp_lab.plan.device import load_device
-from fsdp_lab.calibrate.host import DEPTHS, fit_widths, run_name, traced_counts, widths
+from fsdp_lab.calibrate.host import DEPTHS, fit_widths, kept_figures, run_name, traced_counts, widths
 from fsdp_lab.plan.host import host_figures
 from shared_traces import traces_shared
 
@@ -36,6 +36,18 @@ def test_a_width_whose_kernel_time_is_not_a_time_is_refused_not_divided_by():
     for broken in (0.0, -1e-3):
         with pytest.raises(ValueError, match="block_kernel_s .* is not a time"):
             host_figures({"widths": [{**NARROW, "block_kernel_s": broken}, WIDE]}, 2e-3)
+
+
+def test_figures_beside_the_widths_hold_at_every_kernel_time_and_a_calibration_keeps_them():
+    """fsdp_collective_s is fitted from a planned model's runs, not the host model's: a section of
+    widths reads it at any kernel time, and a new host calibration keeps it (and drops the rest)."""
+    section = {"widths": [NARROW, WIDE], "fsdp_collective_s": 1.5e-3, "measured_on": "x"}
+    for k in (1e-5, 2e-3, 1.0):
+        assert host_figures(section, k)["fsdp_collective_s"] == 1.5e-3
+    own = [{**NARROW, "fsdp_collective_s": 1e-3}, {**WIDE, "fsdp_collective_s": 1e-3}]
+    assert host_figures({**section, "widths": own}, 2e-3)["fsdp_collective_s"] == pytest.approx(1e-3)
+    old = {"op_s": 1e-5, "tp_note": "borrowed", "fsdp_collective_s": 1.5e-3, "fsdp_collective_note": "from speed.py"}
+    assert kept_figures(old) == {"fsdp_collective_s": 1.5e-3, "fsdp_collective_note": "from speed.py"}
 
 
 def test_a_table_of_one_calibrated_width_is_read_at_every_kernel_time():

@@ -60,6 +60,16 @@ VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true"
             "tp compiled": ("mesh.tp=2", "model.compile=true"), "tp ac": ("mesh.tp=2", "ac=full")}
 
 
+# Host figures fitted apart from the host model's runs (the per-collective cost: from benchmarks/speed.py's
+# runs of a planned model) and their notes: a host calibration keeps them beside the widths it fits.
+KEPT_FIGURES = ("fsdp_collective_s", "fsdp_compiled_collective_s", "fsdp_collective_note")
+
+
+def kept_figures(host_section: dict) -> dict:
+    """What a new host section keeps of the table's old one."""
+    return {name: v for name, v in host_section.items() if name in KEPT_FIGURES}
+
+
 def widths(quick: bool = False) -> tuple[dict, ...]:
     return WIDTHS["quick" if quick else "device"]
 

@@ -26,17 +26,20 @@ def host_figures(section: dict, block_kernel_s: float) -> dict:
     """The host's figures for a block whose forward kernels take block_kernel_s: a section of one
     calibrated width (older tables: {"op_s": ...}) at any kernel time; a section of several widths
     ({"widths": [...]}, each with its block_kernel_s) interpolated in log kernel time between the two
-    widths around it, each figure both have, clamped to the nearest width's beyond them."""
+    widths around it, each figure both have, clamped to the nearest width's beyond them. Figures beside
+    the widths (fsdp_collective_s: fitted from other runs, calibrate.host.KEPT_FIGURES) hold at every
+    kernel time; a width's own figure of that name comes first."""
     points = sorted(section.get("widths", ()), key=lambda w: w["block_kernel_s"])
     if not points:
         return section
+    beside = {name: v for name, v in section.items() if name != "widths"}
     if points[0]["block_kernel_s"] <= 0:  # a kernel time is read in log: a broken table, not a free block
         raise ValueError(f"host widths: block_kernel_s {points[0]['block_kernel_s']} is not a time")
     k = min(max(block_kernel_s, points[0]["block_kernel_s"]), points[-1]["block_kernel_s"])
     lo, hi = next(((a, b) for a, b in zip(points, points[1:]) if k <= b["block_kernel_s"]), (points[0], points[0]))
     span = math.log(hi["block_kernel_s"] / lo["block_kernel_s"])
     t = math.log(k / lo["block_kernel_s"]) / span if span else 0.0
-    figures = {**lo, **hi}  # a figure one width lacks: the other's
+    figures = {**beside, **lo, **hi}  # a figure one width lacks: the other's
     for name, v in lo.items():
         if isinstance(v, float) and isinstance(hi.get(name), float):
             figures[name] = v + (hi[name] - v) * t
