@@ -24,8 +24,18 @@ def speed(*args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
+@pytest.fixture(scope="module")
+def cut_short(tmp_path_factory):
+    """One invocation with both the yardsticks' loop and a variant the lab refuses: its first round runs
+    the lab, then the hand-written loop, then ends at the refused variant, keeping both runs in --json
+    (one speed.py process and one lab run for what two invocations showed apart)."""
+    out = tmp_path_factory.mktemp("speed") / "cut.json"
+    result = speed("--peers", "lab,hand-written", "--variant", "wide=model.dim=-3", "--json", str(out))
+    return result, json.loads(out.read_text())
+
+
 @pytest.mark.slow
-def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path):
+def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path, cut_short):
     result = speed("--variant", "prefetch=fsdp.forward_prefetch=1", "--json", str(tmp_path / "runs.json"), "--runs", "2")
     assert result.returncode == 0, result.stderr[-2000:]
     runs = json.loads((tmp_path / "runs.json").read_text())["runs"]
@@ -36,11 +46,11 @@ def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path):
     # The host's time to issue a step, from the lab's perf.host_step_s: below the whole step's.
     assert all(0 < r["host_step_s"] < 2 * 32 / r["tokens_per_s"] for rs in runs.values() for r in rs)  # batch 2 x seq 32 a step
     assert "host ms/step" in result.stdout
-    refused = speed("--variant", "wide=model.dim=-3", "--json", str(tmp_path / "cut.json"))
+    refused, kept = cut_short
     assert refused.returncode != 0 and "model.dim=-3" in refused.stderr
-    # The lab's run before the refused variant is kept, as a run cut off by a time limit keeps its runs.
-    kept = json.loads((tmp_path / "cut.json").read_text())
-    assert [len(r) for r in kept["runs"].values()] == [1, 0] and kept["medians"]["lab"]["tokens_per_s"] > 0
+    # The runs before the refused variant are kept, as a run cut off by a time limit keeps its runs.
+    assert list(kept["runs"]) == ["lab", "hand-written", "lab:wide"]
+    assert [len(r) for r in kept["runs"].values()] == [1, 1, 0] and kept["medians"]["lab"]["tokens_per_s"] > 0
 
 
 def test_the_labs_layout_per_mode_changes_the_experiment_and_is_accepted(prepared):
@@ -63,10 +73,9 @@ def test_a_layout_auto_variant_runs_without_the_modes_hand_set_layout():
 
 
 @pytest.mark.slow
-def test_the_yardsticks_loop_reports_the_hosts_time_per_step_beside_the_labs(tmp_path):
-    result = speed("--peers", "lab,hand-written", "--json", str(tmp_path / "runs.json"))
-    assert result.returncode == 0, result.stderr[-2000:]
-    medians = json.loads((tmp_path / "runs.json").read_text())["medians"]
+def test_the_yardsticks_loop_reports_the_hosts_time_per_step_beside_the_labs(cut_short):
+    result, kept = cut_short
+    assert "hand-written" in result.stdout, result.stderr[-2000:]  # its run's line, before the refusal
+    medians = kept["medians"]
     for name in ("lab", "hand-written"):
         assert 0 < medians[name]["host_step_s"] < 2 * 32 / medians[name]["tokens_per_s"], name
-    assert "host ms/step" in result.stdout
