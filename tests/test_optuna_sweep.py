@@ -12,8 +12,8 @@ import pytest
 
 from fsdp_lab.objective import ObjectiveMissing, objective_value
 from fsdp_lab.sinks.files import write_summary
-from fsdp_lab.cli_process import run_lab
 from hydra_plugins.fsdp_lab_launchers._trials import reseed, stored_trials
+from warm_lab import run_lab_warm
 
 TINY = ["debug=cpu_tiny", "model.n_layers=1", "probes.memory.enabled=false", "probes.parity.enabled=false"]
 # microbatches=3 does not divide the batch of 4 (refused, never started); the fault at step 1 kills rank 1
@@ -48,7 +48,7 @@ def test_the_objective_is_the_finished_runs_summary_figure(tmp_path, compose_run
 @pytest.mark.slow
 def test_optuna_study_gets_each_jobs_objective_and_failed_jobs_become_failed_trials(tmp_path):
     db, sweep_dir = tmp_path / "study.db", tmp_path / "sweep"
-    result = run_lab("-m", "hydra/sweeper=optuna", "hydra.sweeper.direction=minimize", "hydra.sweeper.n_trials=4",
+    result = run_lab_warm("-m", "hydra/sweeper=optuna", "hydra.sweeper.direction=minimize", "hydra.sweeper.n_trials=4",
                      "hydra.sweeper.n_jobs=2", "hydra.sweeper.max_failure_rate=1.0", "hydra.sweeper.study_name=grid",
                      f"hydra.sweeper.storage=sqlite:///{db}", f"hydra.sweep.dir={sweep_dir}",
                      "sweep.objective=final_loss", *CASES, *TINY)
@@ -76,7 +76,7 @@ def test_layout_search_tries_each_layout_once_records_why_one_failed_and_resumes
              "fsdp.reshard_after_forward=true", "hydra.sweeper.study_name=layouts", f"hydra.sweeper.storage=sqlite:///{db}"]
     # Three trials over three layouts: whatever TPE proposes, a repeat is answered from the study and
     # replaced by the untried layout, so each layout is tried once (microbatches 3 is refused).
-    first = run_lab("-m", "hydra/sweeper=layout_search", "hydra.sweeper.n_trials=3", *fixed, *TINY,
+    first = run_lab_warm("-m", "hydra/sweeper=layout_search", "hydra.sweeper.n_trials=3", *fixed, *TINY,
                     f"hydra.sweep.dir={tmp_path / 'first'}")
     assert first.returncode == 0, first.stderr[-3000:]
     trials = study(db, "layouts").trials
@@ -95,7 +95,7 @@ def test_layout_search_tries_each_layout_once_records_why_one_failed_and_resumes
     assert len(sweep_rows(tmp_path / "first")) == 3, "three jobs: no layout ran twice"
     # The same command again goes on with the stored study; with no layout left untried its trial is a
     # repeat, answered with the earlier trial's outcome, and no job starts.
-    again = run_lab("-m", "hydra/sweeper=layout_search", "hydra.sweeper.n_trials=1", *fixed, *TINY,
+    again = run_lab_warm("-m", "hydra/sweeper=layout_search", "hydra.sweeper.n_trials=1", *fixed, *TINY,
                     f"hydra.sweep.dir={tmp_path / 'again'}")
     assert again.returncode == 0, again.stderr[-3000:]
     last = study(db, "layouts").trials[-1]
