@@ -9,6 +9,7 @@ import pytest
 from fsdp_lab.memory_phases import PHASES
 from fsdp_lab.cli_process import run_lab
 from wandb_records import OfflineRun
+from warm_lab import run_lab_warm
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +81,7 @@ def test_external_torchrun_gives_one_run_dir(tmp_path):
 
 
 def test_mlp_stack_without_reshard_matches_ddp(tmp_path):
-    result = run_lab("+experiment=mlp_stack_no_reshard", "logger=none", run_dir=tmp_path / "run")
+    result = run_lab_warm("+experiment=mlp_stack_no_reshard", "logger=none", run_dir=tmp_path / "run")  # what it trained, not its process
     assert result.returncode == 0, result.stderr[-3000:]
     s = result.summary
     assert s["parity"]["ok"] and s["parity"]["max_param_abs_diff"] <= 1e-5 and s["steps"] == 10

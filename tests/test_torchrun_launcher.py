@@ -8,14 +8,15 @@ import re
 import pytest
 
 from in_process import run_lab_here
-from fsdp_lab.cli_process import run_lab
+from warm_lab import run_lab_warm
 
 
 TINY = ["debug=cpu_tiny", "model.n_layers=1", "probes.memory.enabled=false"]
 
 
 def sweep(sweep_dir, *overrides: str):
-    return run_lab("-m", *overrides, *TINY, f"hydra.sweep.dir={sweep_dir}")
+    """The sweep's driver forked from the warm server (tests/warm_lab.py): its jobs, output and exit as the CLI's."""
+    return run_lab_warm("-m", *overrides, *TINY, f"hydra.sweep.dir={sweep_dir}")
 
 
 def rows(sweep_dir) -> list[dict]:
