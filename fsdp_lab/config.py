@@ -137,9 +137,10 @@ class WrapConfig:
     """For policy=classes: module class names that get their own unit."""
     group: int = bounded(1, ge=1)
     """fsdp2: consecutive units of the policy, of one class (blocks with blocks; an embedding of
-    policy=classes stays on its own), sharded together as one (fully_shard over the list of modules), all-gathered and reduce-scattered in one collective each: FSDP's host work per unit
-    (copy-in, copy-out, launching the collectives, its hooks) is paid once per group, and a group's
-    parameters are gathered at once. 1 = each unit on its own."""
+    policy=classes stays on its own), sharded together as one (fully_shard over the list of modules),
+    all-gathered and reduce-scattered in one collective each: FSDP's host work per unit (copy-in,
+    copy-out, launching the collectives, its hooks) is paid once per group, and a group's parameters
+    are gathered at once. 1 = each unit on its own."""
 
 
 @dataclass
