@@ -6,6 +6,7 @@ these ranks by runs_in_ranks.py), then the fitted figures.
 
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --out fsdp_lab/plan/devices/h200.json
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --host-only --out fsdp_lab/plan/devices/h200.json
+    torchrun --nproc-per-node 4 benchmarks/calibrate_device.py --collectives-only --out fsdp_lab/plan/devices/h200.json
     python benchmarks/calibrate_device.py --refit --out fsdp_lab/plan/devices/h200.json   # CPU, no GPU
 
 Rank 0 writes the table; every rank takes part in the collectives. `--host-only` measures the host
@@ -14,7 +15,8 @@ host's figures are read by). `--quick` (and a CPU machine) runs tiny shapes, eac
 few steps, to check the script itself (about 6 minutes on a 2-core CPU). `--refit` measures nothing:
 it fits the table's host and elementwise figures again from its stored measurements by the plan's
 current trace (fsdp_lab/calibrate/refit.py), on any CPU, after a change in what the trace records.
-Sections a run does not measure (the collectives on one GPU, the hand-written `spec`) are kept from
+`--collectives-only` measures the collectives alone: a table keeps the rows of every GPU count it
+was calibrated on, and the plan prices a group by the rows of the nearest count. Sections a run does not measure (the collectives on one GPU, the hand-written `spec`) are kept from
 the existing --out table, and so are the host figures fitted from other runs (fsdp_collective_s:
 fsdp_lab/calibrate/host.py KEPT_FIGURES)."""
 
@@ -30,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_lab.calibrate.elementwise import fit_elementwise
-from fsdp_lab.calibrate.kernels import BURST, elementwise_blocks, measure_kernels
+from fsdp_lab.calibrate.kernels import BURST, elementwise_blocks, measure_collectives, measure_kernels
 
 
 def host_step_times(world: int, quick: bool) -> dict[str, float]:
@@ -55,6 +57,8 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="tiny shapes (checks the script; CPU)")
     p.add_argument("--host-only", action="store_true", help="measure the host section alone into the existing --out table")
+    p.add_argument("--collectives-only", action="store_true",
+                   help="measure the NCCL collectives alone over these ranks, beside the table's rows of other GPU counts")
     p.add_argument("--refit", action="store_true", help="measure nothing: fit the --out table's figures again by the current trace")
     args = p.parse_args()
     if args.refit:
@@ -77,6 +81,13 @@ def main() -> None:
     out = Path(args.out)
     table = json.loads(out.read_text()) if out.exists() else {"name": name}  # what is not measured here is kept
     quick = args.quick or not cuda
+    if args.collectives_only:
+        measure_collectives(table, device, world, quick)
+        dist.destroy_process_group()
+        if rank == 0:
+            out.write_text(json.dumps(table, indent=1))
+            print(json.dumps(table["collectives"]), flush=True)
+        return
     if not args.host_only:
         table.update(torch=torch.__version__, measured=True)
         measure_kernels(table, device, rank, world, quick=quick)

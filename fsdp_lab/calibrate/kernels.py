@@ -147,7 +147,6 @@ def measure_kernels(table: dict, device, rank: int, world: int, quick: bool) -> 
     mm_shapes = [(64, 32, 48), (128, 64, 64)] if quick else MATMULS
     attn_shapes = [(1, 2, 32, 16)] if quick else ATTENTION
     bw_sizes = (1,) if quick else BANDWIDTH_MIB
-    comm_sizes = (1, 2) if quick else COLLECTIVE_MIB
     if rank == 0:  # compute alone on one GPU: the others wait at the barrier, off the GPU's clock
         t0 = time.perf_counter()
         table["matmul"] = {"bfloat16": matmuls(device, torch.bfloat16, mm_shapes, iters),
@@ -159,5 +158,17 @@ def measure_kernels(table: dict, device, rank: int, world: int, quick: bool) -> 
             table["memory_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
         print(f"compute measured in {time.perf_counter() - t0:.1f}s", flush=True)
     dist.barrier()
-    if world > 1:
-        table["collectives"] = {"intra_node": collectives(device, world, comm_sizes, iters)}
+    measure_collectives(table, device, world, quick)
+
+
+def measure_collectives(table: dict, device, world: int, quick: bool) -> None:
+    """The collectives over every rank, in place of the table's rows of this group size; rows of
+    other sizes (an earlier calibration on another GPU count) are kept."""
+    if world == 1:
+        return
+    section = table.setdefault("collectives", {})
+    kept = [r for r in section.get("intra_node", []) if r["group"] != world]
+    measured = collectives(device, world, (1, 2) if quick else COLLECTIVE_MIB, 3 if quick else 5)
+    section["intra_node"] = sorted(kept + measured, key=lambda r: (r["group"], r["mib"]))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    section.setdefault("measured_on", {})[str(world)] = f"{name} x{world}, torch {torch.__version__}"

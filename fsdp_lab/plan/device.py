@@ -94,7 +94,7 @@ class Device:
         """One collective whose full (gathered / unreduced) tensor has nbytes, over `group` ranks."""
         if group <= 1:
             return 0.0
-        latency, bandwidth = _collective_fit(self.name, kind)
+        latency, bandwidth = _collective_fit(self.name, kind, group)
         if inter_node:
             spec = self.table["spec"]
             latency, bandwidth = spec["inter_node_latency_s"], min(bandwidth, self.link_gbps * 1e9)
@@ -154,6 +154,14 @@ def plan_device(name: str, inter_node_gbps: float | None = None) -> Device:
 
 
 @lru_cache(maxsize=None)
-def _collective_fit(name: str, kind: str) -> tuple[float, float]:
-    rows = load_device(name).table["collectives"]["intra_node"]
-    return _fit_collective(rows, f"{kind}_s", RING[kind])
+def _collective_fit(name: str, kind: str, group: int) -> tuple[float, float]:
+    """Latency per doubling of the group (s) and bandwidth (bytes/s), fitted on the rows of the
+    measured group size nearest to `group` (a table holds rows of every GPU count it was calibrated
+    on: NCCL's latency and bus bandwidth change with the ranks in a ring)."""
+    return fit_nearest_group(load_device(name).table["collectives"]["intra_node"], kind, group)
+
+
+def fit_nearest_group(rows: list[dict], kind: str, group: int) -> tuple[float, float]:
+    nearest = min({r["group"] for r in rows}, key=lambda g: (abs(math.log2(g / group)), -g))
+    latency, bandwidth = _fit_collective([r for r in rows if r["group"] == nearest], f"{kind}_s", RING[kind])
+    return latency / math.log2(nearest), bandwidth
