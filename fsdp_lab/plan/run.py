@@ -15,6 +15,7 @@ from fsdp_lab.plan.device import plan_device
 from fsdp_lab.plan.fits import rule
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.search import Candidate, rank
+from fsdp_lab.probes.parity_probe import reference_bytes
 from fsdp_lab.sinks.files import write_json_atomic, write_summary
 
 PLAN_FILE = "plan.json"
@@ -66,8 +67,21 @@ def plan(run: RunConfig, predictor: Predictor | None = None) -> tuple[list[Candi
               "params": facts.block_params + facts.other_params, "blocks": facts.layers,
               "fits_rule": rule(run, device.memory_bytes), "memory_margin": run.plan.memory_margin,
               "inter_node_gbps": device.link_gbps, "inter_node_source": device.link_source,
-              "float8": float8_pricing(facts.float8_share, device)}
+              "float8": float8_pricing(facts.float8_share, device),
+              "parity": parity_note(run, facts.block_params + facts.other_params, device.memory_bytes)}
     return candidates, header
+
+
+PARITY_OFF = "probes.parity.enabled=false"
+
+
+def parity_note(run: RunConfig, params: int, memory_bytes: float) -> str | None:
+    """Why the candidates' command lines turn the parity reference off (None: they leave it as set)."""
+    need = reference_bytes(params)
+    if not run.probes.parity.enabled or need <= memory_bytes:
+        return None
+    return (f"parity: the reference holds the whole model on every rank ({need / 2**30:.0f} GiB with its gradients and "
+            f"optimizer state), more than one GPU's {memory_bytes / 2**30:.0f} GiB: the command lines add {PARITY_OFF}")
 
 
 def float8_pricing(share: float, device) -> str | None:
@@ -79,16 +93,17 @@ def float8_pricing(share: float, device) -> str | None:
     return f"float8: {share:.0%} of the blocks' matmuls priced {how}"
 
 
-def command_line(user_overrides: list[str], candidate: Candidate) -> str:
+def command_line(user_overrides: list[str], candidate: Candidate, header: dict) -> str:
     kept = [o for o in user_overrides if not OWN_KEYS.match(o)]
-    return " ".join(["python -m fsdp_lab", *map(shlex.quote, kept + candidate.row()["overrides"])])
+    parity = [PARITY_OFF] if header.get("parity") else []
+    return " ".join(["python -m fsdp_lab", *map(shlex.quote, kept + candidate.row()["overrides"] + parity)])
 
 
 def render(candidates: list[Candidate], header: dict, top: int, measured: dict[int, dict] | None = None) -> str:
     lines = [f"Plan: {header['gpus']} x {header['device']} ({header['gpus_per_node']} per node), "
              f"{header['params'] / 1e6:.0f}M params in {header['blocks']} blocks, {header['tokens_per_step']:,} tokens per step",
              f"inter-node link {header['inter_node_gbps']:g} GB/s per GPU ({header['inter_node_source']}); {header['fits_rule']}",
-             *([header["float8"]] if header.get("float8") else []),
+             *(header[note] for note in ("float8", "parity") if header.get(note)),
              f"{'#':>3} {'pp':>2} {'rep':>3} {'shard':>5} {'tp':>2} {'ac':>4} {'mb':>3} {'reshard':>7} {'cmp':>3} {'grp':>3} {'peak GiB':>8} "
              f"{'step ms':>8} {'tok/s/GPU':>9} {'MFU':>5} {'fits':>4}" + ("  measured ms  error  peak GiB  runs" if measured else "")]
     for i, c in enumerate(candidates[:top]):
@@ -118,7 +133,7 @@ def _measured(m: dict) -> str:
 
 def run_plan(run: RunConfig, run_dir: Path, user_overrides: list[str]) -> None:
     candidates, header = plan(run)
-    rows = [{**c.row(), "command": command_line(user_overrides, c)} for c in candidates]
+    rows = [{**c.row(), "command": command_line(user_overrides, c, header)} for c in candidates]
     best = rows[0] if candidates and candidates[0].fits else None
     _write(run, run_dir, header, rows, best)
     print(render(candidates, header, run.plan.top), flush=True)

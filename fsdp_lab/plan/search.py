@@ -87,9 +87,15 @@ def compile_options(run: RunConfig) -> tuple[bool, ...]:
 
 
 def _accepted(run: RunConfig, layout: Layout, model) -> bool:
+    """The lab's own pre-spawn checks of the layout's run. The parity reference is left out: it is
+    the whole model on every rank whatever the layout, and the plan turns it off in the command lines
+    where it cannot fit (plan/run.py parity_note), rather than refuse every layout; and the GPU that
+    check_reference_fits would read is the one in hand, not the planned one."""
     dims = ParallelDims.from_mesh(layout, layout.world)
+    checked = run_for(run, layout)
+    checked = dataclasses.replace(checked, probes=dataclasses.replace(checked.probes, parity=dataclasses.replace(checked.probes.parity, enabled=False)))
     try:
-        check_run(run_for(run, layout), dims, "cuda", model)
+        check_run(checked, dims, "cuda", model)
     except ConfigError:
         return False
     return True

@@ -189,13 +189,18 @@ class ParityProbe(Probe):
 REFERENCE_BYTES_PER_PARAM = 16
 
 
+def reference_bytes(n_params: int) -> int:
+    """What the parity reference holds on every rank: the whole model, its gradients and optimizer state."""
+    return n_params * REFERENCE_BYTES_PER_PARAM
+
+
 def check_reference_fits(run: RunConfig, dims: ParallelDims, device_type: str, model: nn.Module) -> None:
     """The parity reference is the whole model on every rank, by nature: refuse what cannot fit.
     Its parameters are counted only where the reference runs (mode=plan checks thousands of layouts)."""
     if not run.probes.parity.enabled or run.mode != "train":
         return
     n_params = count_params(model)
-    need = n_params * REFERENCE_BYTES_PER_PARAM
+    need = reference_bytes(n_params)
     if device_type == "cuda":
         if not torch.cuda.is_available():  # a run checked for GPUs elsewhere (mode=plan): theirs are unknown here
             return
