@@ -150,9 +150,12 @@ def measured_layout(run_dir: Path) -> dict:
     """What a finished trial ran: the plan's layout fields and its measured tokens/s per GPU."""
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
     summary = json.loads((run_dir / "summary.json").read_text())
+    sharded = summary["mesh"]["dp_shard"] > 1
+    # Without a shard group there is nothing to regroup or reshard: the plan lists such a layout once,
+    # at wrap.group=1 and resharding (plan/search.py layouts), and the study's draws of it are that one.
     return {**{k: summary["mesh"][k] for k in ("pp", "dp_replicate", "dp_shard", "tp")}, "ac": cfg.ac.mode,
-            "microbatches": cfg.train.microbatches, "reshard": cfg.fsdp.reshard_after_forward,
-            "wrap_group": cfg.wrap.group, "compile": cfg.model.compile, "tokens_per_s": summary["perf"]["tokens_per_s"]}
+            "microbatches": cfg.train.microbatches, "reshard": cfg.fsdp.reshard_after_forward if sharded else True,
+            "wrap_group": cfg.wrap.group if sharded else 1, "compile": cfg.model.compile, "tokens_per_s": summary["perf"]["tokens_per_s"]}
 
 
 def key(layout: dict) -> tuple:

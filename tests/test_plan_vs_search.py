@@ -65,6 +65,15 @@ def test_compare_finds_where_the_plans_ranking_contradicts_the_measurements(tmp_
                                                               "plan": {"gpu_s": 10.0, "wall_s": 20.0}, "search": {"gpu_s": 100.0, "wall_s": 60.0}})
 
 
+def test_a_layout_without_a_shard_group_is_the_plans_one_whatever_its_group(tmp_path):
+    """The 8B study's best (tp 2, no sharding, wrap.group=4) was the plan's own pick, shown as unranked."""
+    tp = {**layout(shard=1, tp=2, reshard=False), "wrap_group": 4}
+    measured = pvs.measured_layout(measured_run(tmp_path / "tp", tp, 6246.0))
+    assert (measured["wrap_group"], measured["reshard"]) == (1, True)
+    sharded = {**layout(reshard=False), "wrap_group": 4}
+    assert pvs.key(pvs.measured_layout(measured_run(tmp_path / "fsdp", sharded, 1.0))) == pvs.key(sharded)
+
+
 def test_a_trial_left_running_by_a_killed_invocation_is_closed_as_failed(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     assert pvs.close_interrupted(storage) == 0, "no study yet"
