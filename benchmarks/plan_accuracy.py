@@ -172,7 +172,7 @@ def ranking(rows: list[dict], device: str, gpus_per_node: int) -> list[str]:
         if len(measured) < 2:
             continue
         gpus = measured[0].get("world_size", 2)
-        base = [*COMMON, *model, "train.batch_size=4", f"model.compile={str(compiled).lower()}"]
+        base = [*COMMON, *model, "train.batch_size=4", f"model.compile={str(compiled).lower()}", "plan.search_compile=false"]  # as measured
         run = compose_run(*base, "mode=plan", f"plan.gpus={gpus}", f"plan.gpus_per_node={min(gpus, gpus_per_node)}", f"plan.device={device}",
                           f"plan.global_batch_tokens={4 * gpus * 2048}")
         first = next(c for c in plan(run)[0] if c.fits)
