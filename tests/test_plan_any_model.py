@@ -224,6 +224,33 @@ def test_the_table_renders_a_validated_row_without_a_measured_peak(llama_plan):
     assert "failed: CUDA out of memory" in table.splitlines()[4]
 
 
+@pytest.mark.slow
+def test_a_validation_cut_off_keeps_what_it_measured(llama_plan, tmp_path, monkeypatch):
+    """plan.json is written after every validation run: a run killed by a time limit mid-validation (the
+    8B plan on 4×H100 ran 5 candidates in one call) keeps the runs before it."""
+    import json
+
+    import fsdp_lab.plan.validate_runs as validate_runs
+
+    _, _, candidates, _ = llama_plan
+    rows = [{"overrides": [f"wrap.group={i + 1}"]} for i in range(3)]
+    finished = iter([{"step_time_s": 0.2, "peak_mib": 100.0, "run_dir": "r1"}, {"error": "CUDA out of memory"}])
+
+    def run_once(overrides, sweep_dir):
+        run = next(finished, None)
+        if run is None:
+            raise KeyboardInterrupt  # the call's time limit, during the third run
+        return run
+
+    monkeypatch.setattr(validate_runs, "run_once", run_once)
+    saved = tmp_path / "plan.json"
+    with pytest.raises(KeyboardInterrupt):
+        validate_runs.validate(candidates[:3], rows, [], tmp_path, repeats=3, written=lambda: saved.write_text(json.dumps(rows)))
+    kept = json.loads(saved.read_text())
+    assert kept[0]["measured"]["step_time_s"] == 0.2 and kept[0]["measured"]["runs"] == 1
+    assert kept[1]["measured"]["error"] == "CUDA out of memory" and "measured" not in kept[2]
+
+
 def test_one_device_registry_for_the_estimate_and_the_plan():
     run = compose_run("mode=estimate", "estimate.device=h200")
     assert device_memory(run.estimate)[1] == memory_gib("h200") * 1024 == load_device("h200").memory_bytes / 2**20

@@ -140,8 +140,8 @@ def run_plan(run: RunConfig, run_dir: Path, user_overrides: list[str]) -> None:
     if run.plan.validate:  # the table is written and printed first: a validation that fails loses nothing
         from fsdp_lab.plan.validate_runs import validate
 
-        measured = validate(candidates[: run.plan.validate], rows, user_overrides, run_dir, run.plan.validate_repeats)
-        _write(run, run_dir, header, rows, best)
+        measured = validate(candidates[: run.plan.validate], rows, user_overrides, run_dir, run.plan.validate_repeats,
+                            written=lambda: _write(run, run_dir, header, rows, best))
         print(render(candidates, header, run.plan.top, measured), flush=True)
     print(f"plan: best {best['command']}" if best else "plan: no candidate fits in memory", flush=True)
 

@@ -11,6 +11,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from fsdp_lab.plan.search import Candidate
@@ -59,18 +60,19 @@ def summarise(candidate: Candidate, runs: list[dict]) -> dict:
 
 
 def validate(candidates: list[Candidate], rows: list[dict], user_overrides: list[str], run_dir: Path,
-             repeats: int) -> dict[int, dict]:
-    """Run each candidate `repeats` times, alternating; fills rows[i]['measured'] and returns {i: measured}."""
+             repeats: int, written: Callable[[], None] = lambda: None) -> dict[int, dict]:
+    """Run each candidate `repeats` times, alternating; fills rows[i]['measured'] and returns {i: measured}.
+    `written` is called after every run with the rows as measured so far: a validation cut off (a time
+    limit, a killed job) keeps in plan.json what it measured."""
     from fsdp_lab.plan.run import OWN_KEYS
 
     kept = [o for o in user_overrides if not OWN_KEYS.match(o)]
     runs: dict[int, list[dict]] = {i: [] for i in range(len(candidates))}
     for r in range(repeats):
-        for i in range(len(candidates)):
+        for i, candidate in enumerate(candidates):
             result = run_once([*kept, *rows[i]["overrides"]], run_dir / VALIDATE_DIR / str(i + 1) / f"run{r + 1}")
             runs[i].append(result)
+            rows[i]["measured"] = summarise(candidate, runs[i])
+            written()
             print(f"validated {i + 1}/{len(candidates)}, run {r + 1}/{repeats}: {json.dumps(result)}", flush=True)
-    measured = {}
-    for i, c in enumerate(candidates):
-        rows[i]["measured"] = measured[i] = summarise(c, runs[i])
-    return measured
+    return {i: rows[i]["measured"] for i in range(len(candidates))}
