@@ -7,10 +7,11 @@ estimate.reserved_mib).
 The estimate traces the candidate at two depths (per pipeline stage: 1 and 2 blocks; without stages
 3 and TRACED_DEPTH blocks) and reads its peak, and each phase's memory, at the model's depth on their
 line: a full-depth trace of a 70B model takes minutes, and what a step holds grows by the same each
-block (a phase's mark bounds a peak that a steeper phase takes over further down). Not from 2 blocks:
-with every block checkpointed, a 2-block model's peak lies below the line of deeper ones (the 0.95B
-Llama on 4 ranks: 277 MiB from 2 to 3 blocks, 196 from each block on), and the line through 2 and 4
-put the full model 8.8% over its allocator's peak on 4×H100 (through 3 and 4: on the full-depth trace). Without pipeline
+block (a phase's mark bounds a peak that a steeper phase takes over further down). Checkpointed
+blocks start from 3 blocks, not 2: there a 2-block model's peak lies below the line of deeper ones (the
+0.95B Llama with full AC on 4 ranks: 277 MiB from 2 to 3 blocks, 196 from each block on), and the line
+through 2 and 4 put the full model 7.8% over its allocator's peak on 4×H100 (through 3 and 4: on the
+full-depth trace). Without AC the line holds from 2 blocks (the same model: 668 MiB each block from 2). Without pipeline
 stages it traces at most 2 microbatches of the candidate's size: from the second on, each holds what
 the one before held (the accumulated gradients, the same activations), the last adding its reduction,
 so 2 hold the peak of any number, at a fraction of the trace (an 8B plan's best rows run 8). For the
@@ -77,11 +78,15 @@ def estimable(run: RunConfig, layout: Layout) -> bool:
     return True
 
 
-def traced_depths(layers: int, pp: int) -> tuple[int, int]:
-    """The two depths (blocks of the whole model) a candidate is estimated at."""
-    if pp > 1:
-        return (pp, 2 * pp) if layers > 2 * pp else (layers, layers)
-    return (3, TRACED_DEPTH) if layers > TRACED_DEPTH else (layers, layers)
+def traced_depths(layers: int, layout: Layout) -> tuple[int, int]:
+    """The two depths (blocks of the whole model) a candidate is estimated at: from 3 blocks where they
+    are checkpointed one to a unit (module docstring); from 2, a cheaper trace, where the line holds from
+    there, and where units group 2 blocks (3 would leave a unit of one: a 70B plan's grouped rows came
+    out up to 92% over their line through whole units)."""
+    if layout.pp > 1:
+        return (layout.pp, 2 * layout.pp) if layers > 2 * layout.pp else (layers, layers)
+    shallow = 3 if layout.ac != "none" and layout.wrap_group == 1 else 2
+    return (shallow, TRACED_DEPTH) if layers > TRACED_DEPTH else (layers, layers)
 
 
 def estimated_peak_mib(run: RunConfig, layout: Layout, layers: int | None = None) -> float:
@@ -95,7 +100,7 @@ def estimated_peak_mib(run: RunConfig, layout: Layout, layers: int | None = None
 
     layers = layers or model_facts(run).layers
     dims = ParallelDims.from_mesh(layout, layout.world)
-    depths = traced_depths(layers, layout.pp)
+    depths = traced_depths(layers, layout)
     results = []
     for depth in dict.fromkeys(depths):
         with quiet(), blocks_kept(depth), slices_kept(2):
