@@ -16,8 +16,9 @@ few steps, to check the script itself (about 6 minutes on a 2-core CPU). `--refi
 it fits the table's host and elementwise figures again from its stored measurements by the plan's
 current trace (fsdp_lab/calibrate/refit.py), on any CPU, after a change in what the trace records.
 `--collectives-only` measures the collectives alone: a table keeps the rows of every GPU count it
-was calibrated on, and the plan prices a group by the rows of the nearest count. Sections a run does not measure (the collectives on one GPU, the hand-written `spec`) are kept from
-the existing --out table, and so are the host figures fitted from other runs (fsdp_collective_s:
+was calibrated on, and the plan prices a group by the rows of the nearest count. Sections a run does
+not measure (the collectives on one GPU, the hand-written `spec`) are kept from the existing --out
+table, and so are the host figures fitted from other runs (fsdp_collective_s:
 fsdp_lab/calibrate/host.py KEPT_FIGURES)."""
 
 from __future__ import annotations

@@ -5,18 +5,18 @@ plan.memory_margin) plus what lies outside the allocator (the CUDA context, NCCL
 estimate.reserved_mib).
 
 The estimate traces the candidate at two depths (per pipeline stage: 1 and 2 blocks; without stages
-3 and TRACED_DEPTH blocks) and reads its peak, and each phase's memory, at the model's depth on their
-line: a full-depth trace of a 70B model takes minutes, and what a step holds grows by the same each
-block (a phase's mark bounds a peak that a steeper phase takes over further down). Checkpointed
-blocks start from 3 blocks, not 2: there a 2-block model's peak lies below the line of deeper ones (the
-0.95B Llama with full AC on 4 ranks: 277 MiB from 2 to 3 blocks, 196 from each block on), and the line
-through 2 and 4 put the full model 7.8% over its allocator's peak on 4×H100 (through 3 and 4: on the
-full-depth trace). Without AC the line holds from 2 blocks (the same model: 668 MiB each block from 2). Without pipeline
-stages it traces at most 2 microbatches of the candidate's size: from the second on, each holds what
-the one before held (the accumulated gradients, the same activations), the last adding its reduction,
-so 2 hold the peak of any number, at a fraction of the trace (an 8B plan's best rows run 8). For the
-same reason the bf16 loss runs its first 2 row slices (fsdp_lab/cross_entropy.py slices_kept): a 70B
-microbatch of 4 samples has 126."""
+2 or 3, and TRACED_DEPTH blocks: traced_depths) and reads its peak, and each phase's memory, at the
+model's depth on their line: a full-depth trace of a 70B model takes minutes, and what a step holds
+grows by the same each block (a phase's mark bounds a peak that a steeper phase takes over further
+down). Checkpointed blocks one to a unit start from 3 blocks: a 2-block model's peak lies below the
+line of deeper ones (the 0.95B Llama with full AC on 4 ranks: 277 MiB from 2 to 3 blocks, 196 from
+each block on), and the line through 2 and 4 put the full model 7.8% over its allocator's peak on
+4×H100 (through 3 and 4: on the full-depth trace). Without AC the line holds from 2 blocks (the same
+model: 668 MiB each block from 2). Without pipeline stages it traces at most 2 microbatches of the
+candidate's size: from the second on, each holds what the one before held (the accumulated gradients,
+the same activations), the last adding its reduction, so 2 hold the peak of any number, at a fraction
+of the trace (an 8B plan's best rows run 8). For the same reason the bf16 loss runs its first 2 row
+slices (fsdp_lab/cross_entropy.py slices_kept): a 70B microbatch of 4 samples has 126."""
 
 from __future__ import annotations
 

@@ -63,6 +63,10 @@ def layouts(run: RunConfig, samples: int) -> list[Layout]:
     """Every layout of plan.gpus GPUs the lab accepts, each rank getting samples / dp samples per step."""
     p = run.plan
     built = {c: build_meta(dataclasses.replace(run.model, compile=c)) for c in compile_options(run)}  # checked, never changed
+    # The parity reference is left out of every layout's check: it is the whole model on every rank
+    # whatever the layout (the plan turns it off in its command lines where it cannot fit: plan/run.py
+    # parity_note), and check_reference_fits would read the GPU in hand, not the planned one.
+    checked = dataclasses.replace(run, probes=dataclasses.replace(run.probes, parity=dataclasses.replace(run.probes.parity, enabled=False)))
     out = []
     blocks = len(next(iter(built.values())).blocks)
     for pp, rep, shard, tp in meshes(p.gpus, p.gpus_per_node):
@@ -77,7 +81,7 @@ def layouts(run: RunConfig, samples: int) -> list[Layout]:
             for ac, compiled, group in itertools.product(AC_MODES, compile_options(run), groups):
                 for reshard in ((True, False) if shard > 1 and pp == 1 else (True,)):
                     layout = Layout(pp, rep, shard, tp, ac, mbs, batch // mbs, reshard, compiled, group)
-                    if _accepted(run, layout, built[compiled]):
+                    if _accepted(checked, layout, built[compiled]):
                         out.append(layout)
     return out
 
@@ -87,15 +91,9 @@ def compile_options(run: RunConfig) -> tuple[bool, ...]:
 
 
 def _accepted(run: RunConfig, layout: Layout, model) -> bool:
-    """The lab's own pre-spawn checks of the layout's run. The parity reference is left out: it is
-    the whole model on every rank whatever the layout, and the plan turns it off in the command lines
-    where it cannot fit (plan/run.py parity_note), rather than refuse every layout; and the GPU that
-    check_reference_fits would read is the one in hand, not the planned one."""
     dims = ParallelDims.from_mesh(layout, layout.world)
-    checked = run_for(run, layout)
-    checked = dataclasses.replace(checked, probes=dataclasses.replace(checked.probes, parity=dataclasses.replace(checked.probes.parity, enabled=False)))
     try:
-        check_run(checked, dims, "cuda", model)
+        check_run(run_for(run, layout), dims, "cuda", model)
     except ConfigError:
         return False
     return True

@@ -202,7 +202,7 @@ def check_reference_fits(run: RunConfig, dims: ParallelDims, device_type: str, m
     n_params = count_params(model)
     need = reference_bytes(n_params)
     if device_type == "cuda":
-        if not torch.cuda.is_available():  # a run checked for GPUs elsewhere (mode=plan): theirs are unknown here
+        if not torch.cuda.is_available():  # a job checked on a login node (launch_plan.py): its GPUs are unknown here
             return
         have, where = torch.cuda.get_device_properties(0).total_memory, "one GPU's memory"
     else:
