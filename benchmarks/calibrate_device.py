@@ -5,7 +5,8 @@ step (fsdp_lab/calibrate/host.py: a Llama's steps through the lab's own trainer 
 these ranks by runs_in_ranks.py), then the fitted figures.
 
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --out fsdp_lab/plan/devices/h200.json
-    torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --host-only --out fsdp_lab/plan/devices/h200.json
+    torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --host-only --out fsdp_lab/plan/devices/h200.json \
+        --host-rows h200-host-rows.jsonl   # each timed run kept as it ends: the same command again resumes
     torchrun --nproc-per-node 4 benchmarks/calibrate_device.py --collectives-only --out fsdp_lab/plan/devices/h200.json
     python benchmarks/calibrate_device.py --refit --out fsdp_lab/plan/devices/h200.json   # CPU, no GPU
 
@@ -36,21 +37,27 @@ from fsdp_lab.calibrate.elementwise import fit_elementwise
 from fsdp_lab.calibrate.kernels import BURST, elementwise_blocks, measure_collectives, measure_kernels
 
 
-def host_step_times(world: int, quick: bool) -> dict[str, float]:
+def host_step_times(world: int, quick: bool, rows_file: Path | None) -> dict[str, float]:
     """The host model's timed runs (fsdp_lab/calibrate/host.py) in these ranks: the host's seconds to issue
-    a step, by run (the median of its rounds)."""
-    from fsdp_lab.calibrate.host import host_runs, host_times
+    a step, by run (the median of its rounds). With `rows_file`, each timed run's row is appended to it
+    as it finishes and the runs it holds already are not timed again: a call cut off resumes."""
+    from fsdp_lab.calibrate.host import host_runs, host_times, runs_left
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from runs_in_ranks import run_all
 
-    rows = run_all(host_runs(world, quick))
+    done = [json.loads(line) for line in rows_file.read_text().splitlines()] if rows_file and rows_file.exists() else []
+
+    def keep(row, rows):
+        if rows_file and "error" not in row:
+            with rows_file.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    rows = done + run_all(runs_left(host_runs(world, quick), done), on_row=keep)
     failed = [r for r in rows if "error" in r]
     if failed:
         raise RuntimeError(f"host runs failed: {failed}")
     return host_times(rows)
-
-
 
 
 def main() -> None:
@@ -60,6 +67,7 @@ def main() -> None:
     p.add_argument("--host-only", action="store_true", help="measure the host section alone into the existing --out table")
     p.add_argument("--collectives-only", action="store_true",
                    help="measure the NCCL collectives alone over these ranks, beside the table's rows of other GPU counts")
+    p.add_argument("--host-rows", type=Path, help="append each timed host run's row here, and skip the runs it holds (resumes a cut-off call)")
     p.add_argument("--refit", action="store_true", help="measure nothing: fit the --out table's figures again by the current trace")
     args = p.parse_args()
     if args.refit:
@@ -95,7 +103,7 @@ def main() -> None:
         table["source"] = (f"measured on {name} x{world} (torch {torch.__version__}) by benchmarks/calibrate_device.py, kernels timed "
                            f"in bursts of {BURST} calls" + ("" if world > 1 else "; collectives kept from the table's earlier "
                                                             "calibration (one GPU cannot measure them)"))
-    host_s = host_step_times(world, quick)
+    host_s = host_step_times(world, quick, args.host_rows)
     blocks: list[dict] = []
     if rank == 0:
         print(json.dumps({"host_step_s": host_s}), flush=True)
@@ -113,10 +121,6 @@ def main() -> None:
             table["elementwise"] = fit_elementwise(blocks, Device(name, table))
         out.write_text(json.dumps(table, indent=1))
         print(json.dumps({k: table[k] for k in ("name", "host") if k in table}), flush=True)
-
-
-
-
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from benchmark_scripts import load
-from fsdp_lab.calibrate.host import DEPTHS, ROUNDS, Counts, fit_host, host_runs, host_times, run_name, widths
+from fsdp_lab.calibrate.host import DEPTHS, ROUNDS, Counts, fit_host, host_runs, host_times, run_name, runs_left, widths
 from fsdp_lab.compose import compose_run
 from fsdp_lab.plan.cost import COMPILED_ELEMENTWISE, Layout, group_link, price, step_time
 from fsdp_lab.plan.device import Device, load_device
@@ -251,6 +251,19 @@ def test_eager_host_runs_are_timed_in_rounds_apart_and_their_median_taken():
     assert all(names.count(run_name(v, L, w)) == 1 for v in compiled for L in DEPTHS for w in widths())
     rows = [{"config": "eager 2", "host_step_s": s} for s in (0.9, 0.1, 0.2)] + [{"config": "compiled 2", "host_step_s": 0.4}]
     assert host_times(rows) == {"eager 2": 0.2, "compiled 2": 0.4}
+
+
+def test_a_host_calibration_cut_off_resumes_at_the_runs_it_had_not_timed():
+    """calibrate_device.py --host-rows: the rows kept from a call cut off by its time limit are not
+    timed again, each name's rounds counted, and the next call times only the rest, in order."""
+    runs = host_runs(2)
+    first = runs[0][0]
+    assert runs_left(runs, [{"config": first}, {"config": runs[1][0]}]) == runs[2:]
+    twice = runs_left(runs, [{"config": first}, {"config": first}])  # two of its rounds timed
+    assert [n for n, _ in twice].count(first) == ROUNDS - 2 and len(twice) == len(runs) - 2
+    assert [r for r in runs if r[0] != first] == [r for r in twice if r[0] != first]
+    assert runs_left(runs, []) == runs
+    assert runs_left(runs, [{"config": n} for n, _ in runs]) == []
 
 
 @pytest.mark.parametrize("quick", [False, True])

@@ -24,6 +24,7 @@ The plan reads the fitted widths by fsdp_lab/plan/host.py (host_figures)."""
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 
 from fsdp_lab.plan.host import kernel_s
@@ -101,6 +102,19 @@ def host_runs(world_size: int, quick: bool = False) -> list[tuple[str, list[str]
         return [run(v, L, w) for w in widths(quick) for v in variants if ("model.compile=true" in variants[v]) == compiled for L in DEPTHS]
 
     return of(False) * (1 if quick else ROUNDS) + of(True)
+
+
+def runs_left(runs: list[tuple[str, list[str]]], done: list[dict]) -> list[tuple[str, list[str]]]:
+    """The runs of `runs` (host_runs) still to time, given the rows of those timed already (a
+    calibration cut off by a time limit resumes): a name timed k times skips its first k runs."""
+    timed = Counter(row["config"] for row in done)
+    left = []
+    for name, overrides in runs:
+        if timed[name]:
+            timed[name] -= 1
+        else:
+            left.append((name, overrides))
+    return left
 
 
 def host_times(rows: list[dict]) -> dict[str, float]:
