@@ -19,8 +19,7 @@ current trace (fsdp_lab/calibrate/refit.py), on any CPU, after a change in what 
 `--collectives-only` measures the collectives alone: a table keeps the rows of every GPU count it
 was calibrated on, and the plan prices a group by the rows of the nearest count. Sections a run does
 not measure (the collectives on one GPU, the hand-written `spec`) are kept from the existing --out
-table, and so are the host figures fitted from other runs (fsdp_collective_s:
-fsdp_lab/calibrate/host.py KEPT_FIGURES)."""
+table."""
 
 from __future__ import annotations
 
@@ -111,11 +110,11 @@ def main() -> None:
             blocks = elementwise_blocks(device, quick=quick)
     dist.destroy_process_group()  # the plan's trace below runs on a fake process group of its own
     if rank == 0:
-        from fsdp_lab.calibrate.host import fit_widths, kept_figures
+        from fsdp_lab.calibrate.host import fit_widths
         from fsdp_lab.plan.device import Device
 
         # Each width's block priced on this table's kernel sections (measured above, or kept with --host-only).
-        table["host"] = {**kept_figures(table.get("host", {})), "widths": fit_widths(host_s, Device(name, table), quick),
+        table["host"] = {"widths": fit_widths(host_s, Device(name, table), quick),
                          "measured_on": f"{name} x{world}, torch {torch.__version__}"}
         if not args.host_only and blocks:  # priced by the plan's trace, at this table's bandwidth
             table["elementwise"] = fit_elementwise(blocks, Device(name, table))

@@ -27,6 +27,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
+from fsdp_lab.plan.cost import CALIBRATED_COLLECTIVES_PER_BLOCK
 from fsdp_lab.plan.host import kernel_s
 
 # The op count of a block does not depend on its width: the widths only set the kernels' size. On the
@@ -58,17 +59,11 @@ VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true"
             # TP's DTensor at a compiled block's edges, and TP under checkpointing: on 2xH100 (2026-11-26) a
             # TP layout compiled, or eager with every block checkpointed, issued its step in 1.8-2.5x what the
             # eager TP figures alone price
-            "tp compiled": ("mesh.tp=2", "model.compile=true"), "tp ac": ("mesh.tp=2", "ac=full")}
-
-
-# Host figures fitted apart from the host model's runs (the per-collective cost: from benchmarks/speed.py's
-# runs of a planned model) and their notes: a host calibration keeps them beside the widths it fits.
-KEPT_FIGURES = ("fsdp_collective_s", "fsdp_compiled_collective_s", "fsdp_collective_note")
-
-
-def kept_figures(host_section: dict) -> dict:
-    """What a new host section keeps of the table's old one."""
-    return {name: v for name, v in host_section.items() if name in KEPT_FIGURES}
+            "tp compiled": ("mesh.tp=2", "model.compile=true"), "tp ac": ("mesh.tp=2", "ac=full"),
+            # two blocks to an FSDP unit: the host's work per collective a unit issues, beyond its ops
+            # (fsdp_collective_s), eager and compiled; on 4xH100 (2026-11-26) four blocks to a unit
+            # issued an eager 1b step in 58 ms against 105 ms at one
+            "group2": ("wrap.group=2",), "group2 compiled": ("wrap.group=2", "model.compile=true")}
 
 
 def widths(quick: bool = False) -> tuple[dict, ...]:
@@ -183,6 +178,13 @@ def fit_host(host_s: dict[str, float], counts: dict[int, Counts]) -> dict:
         out["ac_block_s"] = max(per_block("ac") - ac_ops_block * op_s, 0.0)
     if "tp ac 2" in host_s:  # a checkpointed block under TP beyond a checkpointed block and TP's kernels in it
         out["tp_ac_block_s"] = max(per_block("tp ac") - per_block("ac") - ac_kernels_block * out["tp_kernel_s"], 0.0)
+    # A unit of two blocks issues half the collectives of two units of one (CALIBRATED_COLLECTIVES_PER_BLOCK
+    # a block at one to a unit, resharding): what that saves the host, per collective not issued.
+    saved = CALIBRATED_COLLECTIVES_PER_BLOCK / 2
+    if "group2 2" in host_s:
+        out["fsdp_collective_s"] = max((per_block("eager") - per_block("group2")) / saved, 0.0)
+    if "group2 compiled 2" in host_s:
+        out["fsdp_compiled_collective_s"] = max((per_block("compiled") - per_block("group2 compiled")) / saved, 0.0)
     out["compiled_kernel_s"] = per_block("compiled") / kernels_block
     if "ac compiled 2" in host_s:  # a compiled checkpointed block beyond its kernels (the recomputed ones included)
         out["ac_compiled_block_s"] = max(per_block("ac compiled") - ac_kernels_block * out["compiled_kernel_s"], 0.0)

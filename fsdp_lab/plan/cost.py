@@ -23,6 +23,10 @@ from fsdp_lab.plan.device import Device
 from fsdp_lab.plan.host import kernel_s
 from fsdp_lab.plan.trace import Trace
 
+# FSDP collectives a block issues one to a unit, resharding after forward (all-gather, re-gather,
+# reduce-scatter): the layout the device table's host figures were timed at (fsdp_lab/calibrate/host.py).
+CALIBRATED_COLLECTIVES_PER_BLOCK = 3
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 # Without sequence parallelism TP leaves the residual stream and the norms replicated: about this
 # share of a block's elementwise traffic (the rest, attention and MLP internals, is split tp ways).
@@ -269,13 +273,15 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
         return t + device.collective_s("all_reduce", n * model.reduce_bytes / shard, rep_size, rep_inter)
 
     # wrap.group=g: g blocks gathered and reduced as one unit (one collective each, latency paid once).
-    # FSDP's host work per unit beyond what the traced ops price: each collective a unit issues (its
-    # all-gather; its reduce-scatter, and a re-gather where it reshards) costs the host the table's
-    # measured seconds, eager or compiled (absent: not calibrated, 0). Fewer, larger units pay it less often.
+    # The host figures were timed one block to a unit, resharding: a block's price holds FSDP's host work
+    # for its all-gather (forward), its re-gather and its reduce-scatter (backward). A layout issuing
+    # fewer (larger units; no re-gather) saves the table's seconds per collective not issued, eager or
+    # compiled (absent: not calibrated, 0).
     g = layout.wrap_group
     per_collective = host.get("fsdp_compiled_collective_s" if layout.compile else "fsdp_collective_s", 0.0)
-    fwd_hooks, bwd_hooks = per_collective, per_collective * (2 if layout.reshard else 1)
-    mb = _simulate(L // g, _times(fwd_b, g, fwd_hooks), _times(bwd_b, g, bwd_hooks), _times(fwd_r, 1, fwd_hooks), _times(bwd_r, 1, per_collective),
+    fwd_hooks = per_collective * (1 - g)
+    bwd_hooks = per_collective * ((2 if layout.reshard else 1) - (CALIBRATED_COLLECTIVES_PER_BLOCK - 1) * g)
+    mb = _simulate(L // g, _times(fwd_b, g, fwd_hooks), _times(bwd_b, g, bwd_hooks), fwd_r, bwd_r,
                    gather(g * unit), reduce(g * unit), gather(root), reduce(root), layout.reshard)
     per_mb = max(mb["gpu"], mb["host"])
     if layout.pp > 1:
@@ -304,9 +310,9 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
             "optimizer_s": optimizer, "host_bound": host_bound}
 
 
-def _times(work: Work, n: int, unit_host: float = 0.0) -> Work:
-    """n blocks' work as one FSDP unit, whose hooks add unit_host to the host's."""
-    return Work(work.gpu * n, work.host * n + unit_host)
+def _times(work: Work, n: int, unit_host: float) -> Work:
+    """n blocks' work as one FSDP unit, whose hooks add unit_host to the host's (a saving: less)."""
+    return Work(work.gpu * n, max(work.host * n + unit_host, 0.0))
 
 
 def _simulate(L: int, fb: Work, bb: Work, fr: Work, br: Work, ag, rs, ag_root, rs_root, reshard) -> dict[str, float]:

@@ -27,8 +27,7 @@ def host_figures(section: dict, block_kernel_s: float) -> dict:
     calibrated width (older tables: {"op_s": ...}) at any kernel time; a section of several widths
     ({"widths": [...]}, each with its block_kernel_s) interpolated in log kernel time between the two
     widths around it, each figure both have, clamped to the nearest width's beyond them. Figures beside
-    the widths (fsdp_collective_s: fitted from other runs, calibrate.host.KEPT_FIGURES) hold at every
-    kernel time; a width's own figure of that name comes first."""
+    the widths hold at every kernel time; a width's own figure of that name comes first."""
     points = sorted(section.get("widths", ()), key=lambda w: w["block_kernel_s"])
     if not points:
         return section
