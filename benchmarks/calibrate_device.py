@@ -12,7 +12,8 @@ these ranks by runs_in_ranks.py), then the fitted figures.
 
 Rank 0 writes the table; every rank takes part in the collectives. `--host-only` measures the host
 section alone into an existing table (its kernel sections price the host model's blocks, which the
-host's figures are read by). `--quick` (and a CPU machine) runs tiny shapes, each host run once for a
+host's figures are read by), for the rank count it runs on: the table keeps a host section per count,
+and the plan reads the nearest (a host issues a step over more ranks slower). `--quick` (and a CPU machine) runs tiny shapes, each host run once for a
 few steps, to check the script itself (about 6 minutes on a 2-core CPU). `--refit` measures nothing:
 it fits the table's host and elementwise figures again from its stored measurements by the plan's
 current trace (fsdp_lab/calibrate/refit.py), on any CPU, after a change in what the trace records.
@@ -110,12 +111,12 @@ def main() -> None:
             blocks = elementwise_blocks(device, quick=quick)
     dist.destroy_process_group()  # the plan's trace below runs on a fake process group of its own
     if rank == 0:
-        from fsdp_lab.calibrate.host import fit_widths
+        from fsdp_lab.calibrate.host import fit_widths, with_host_section
         from fsdp_lab.plan.device import Device
 
         # Each width's block priced on this table's kernel sections (measured above, or kept with --host-only).
-        table["host"] = {"widths": fit_widths(host_s, Device(name, table), quick),
-                         "measured_on": f"{name} x{world}, torch {torch.__version__}"}
+        section = {"widths": fit_widths(host_s, Device(name, table), quick), "measured_on": f"{name} x{world}, torch {torch.__version__}"}
+        table["host"] = with_host_section(table.get("host", {}), world, section)
         if not args.host_only and blocks:  # priced by the plan's trace, at this table's bandwidth
             table["elementwise"] = fit_elementwise(blocks, Device(name, table))
         out.write_text(json.dumps(table, indent=1))

@@ -42,7 +42,7 @@ def one_stage(planned, microbatches: int):
 def one_width(device: Device) -> Device:
     """The device with its host figures at one calibrated width (its narrowest), as an older table's
     section: a test changing one figure changes it at every block size."""
-    return Device(device.name, {**device.table, "host": device.host_figures(0.0)})
+    return Device(device.name, {**device.table, "host": device.host_figures(0.0, 2)})
 
 
 def host_figures_as(device: Device, prefix: str, figures: dict) -> tuple[Device, Device]:
@@ -423,6 +423,18 @@ def test_a_table_of_two_widths_prices_the_host_at_the_model_s_block_kernel_time(
 
 
 HOST_FREE = {k: 0.0 for k in ("op_s", "step_s", "compiled_kernel_s", "compiled_step_s")}
+
+
+@pytest.mark.slow
+def test_a_layout_is_priced_by_the_host_section_of_its_own_gpu_count(planned):
+    """A table holding a free host for 2 ranks and the calibrated one for 64: a 64-GPU layout pays the
+    64's, as a table of that section alone prices it."""
+    _, candidates, _, _, predictor = planned
+    layout = candidates[0].layout
+    model, calibrated = predictor.model(layout.ac), one_width(predictor.device)
+    by_count = Device(calibrated.name, {**calibrated.table, "host": {"by_gpus": {"2": HOST_FREE, "64": calibrated.host}}})
+    assert layout.world == 64
+    assert step_time(model, layout, by_count, 8)["host_s"] == step_time(model, layout, calibrated, 8)["host_s"] > 0
 """A host section that costs nothing: the GPU's own work, no host wait hiding it."""
 
 

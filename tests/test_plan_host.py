@@ -1,14 +1,16 @@
 """The host's figures at two calibrated widths (fsdp_lab/plan/host.py): read at a block's kernel time,
 interpolated between the widths in log kernel time, clamped beyond them; each width fitted from its
-own runs; older tables of one width read as they are."""
+own runs; older tables of one width read as they are; a table of several rank counts read at the
+nearest."""
 
 from __future__ import annotations
 
 import pytest
 
 from fsdp_lab.plan.device import load_device
-from fsdp_lab.calibrate.host import DEPTHS, fit_widths, run_name, traced_counts, widths
-from fsdp_lab.plan.host import host_figures
+from fsdp_lab.calibrate.host import DEPTHS, fit_widths, run_name, traced_counts, widths, with_host_section
+from fsdp_lab.plan.device import Device
+from fsdp_lab.plan.host import host_figures, host_section
 from shared_traces import traces_shared
 
 NARROW = {"dim": 768, "block_kernel_s": 1e-3, "op_s": 4e-6, "step_s": 2e-3, "ac_block_s": 5e-4}
@@ -78,3 +80,28 @@ def test_each_width_is_fitted_from_its_own_runs_and_priced_at_its_block_s_kernel
     assert [s["op_s"] for s in sections] == pytest.approx([4e-6, 7e-6])
     assert [s["step_s"] for s in sections] == pytest.approx([1e-3, 1e-3])
     assert 0 < sections[0]["block_kernel_s"] < sections[1]["block_kernel_s"]
+
+
+def test_a_step_over_n_gpus_is_priced_by_the_host_section_of_the_nearest_rank_count():
+    """Nearest in log2, the larger on a tie (as the collectives); a table of one count, at every count."""
+    two, eight = {"widths": [NARROW, WIDE]}, {"widths": [{**NARROW, "op_s": 8e-6}, {**WIDE, "op_s": 1.2e-5}]}
+    table = {"by_gpus": {"2": two, "8": eight}}
+    assert [host_section(table, n) is eight for n in (1, 2, 3, 4, 6, 8, 1024)] == [False, False, False, True, True, True, True]
+    assert all(host_section(two, n) is two for n in (1, 4, 1024))
+    device = Device("t", {"host": table})
+    assert device.host_figures(1e-3, 2)["op_s"] == pytest.approx(4e-6) and device.host_figures(1e-3, 16)["op_s"] == pytest.approx(8e-6)
+
+
+def test_a_host_calibration_is_filed_under_its_rank_count_beside_the_others():
+    """calibrate_device.py --host-only on N ranks replaces that count's section and keeps the others';
+    a section stored before counts were kept goes under the count its measured_on names."""
+    older = {"widths": [NARROW, WIDE], "measured_on": "NVIDIA H100 80GB HBM3 x2, torch 2.11.0+cu130"}
+    four = {"widths": [WIDE, NARROW], "measured_on": "NVIDIA H100 80GB HBM3 x4, torch 2.11.0+cu130"}
+    host = with_host_section(older, 4, four)
+    assert host == {"by_gpus": {"2": older, "4": four}}
+    again = {**older, "measured_on": "again x2, torch"}
+    assert with_host_section(host, 2, again) == {"by_gpus": {"2": again, "4": four}}
+    assert with_host_section({}, 2, again) == {"by_gpus": {"2": again}}
+    with pytest.raises(ValueError, match="names no rank count"):
+        with_host_section({"op_s": 1e-5, "measured_on": "somewhere"}, 4, four)
+

@@ -74,6 +74,18 @@ def test_a_figure_left_stale_anywhere_is_seen_and_measurements_and_provenance_st
     assert refitted["host"]["widths"][0]["traced_on"] == traced_on()
 
 
+@pytest.mark.slow
+def test_a_table_of_several_rank_counts_has_each_count_s_section_refitted():
+    """A host section per rank count: each fitted again as a table of that section alone would be."""
+    table = shipped_h200()
+    stale = copy.deepcopy(table["host"])
+    stale["widths"][1]["op_s"] *= 1.1
+    by_gpus = {**table, "host": {"by_gpus": {"2": table["host"], "4": stale}}}
+    refitted = refit(by_gpus)["host"]["by_gpus"]
+    alone = refit(table)["host"]
+    assert changed(alone, refitted["2"]) == [] and changed(alone, refitted["4"]) == []
+
+
 def test_a_table_whose_host_widths_are_not_the_calibrations_is_refused():
     table = shipped_h200()
     table["host"]["widths"][0]["dim"] = 1000

@@ -23,6 +23,7 @@ The plan reads the fitted widths by fsdp_lab/plan/host.py (host_figures)."""
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -97,6 +98,20 @@ def host_runs(world_size: int, quick: bool = False) -> list[tuple[str, list[str]
         return [run(v, L, w) for w in widths(quick) for v in variants if ("model.compile=true" in variants[v]) == compiled for L in DEPTHS]
 
     return of(False) * (1 if quick else ROUNDS) + of(True)
+
+
+def with_host_section(host: dict, gpus: int, section: dict) -> dict:
+    """A table's host section with `section`, timed on `gpus` ranks, in the place of that count's,
+    beside the sections of other counts (plan/host.py host_section reads the nearest). A section
+    stored before counts were kept is filed under the count its measured_on names ("... x2, torch ...")."""
+    by_gpus = dict(host.get("by_gpus", {}))
+    if host and not by_gpus:
+        measured = re.search(r" x(\d+),", host.get("measured_on", ""))
+        if measured is None:
+            raise ValueError(f"the table's host section names no rank count in measured_on={host.get('measured_on')!r}: measure it again")
+        by_gpus[measured.group(1)] = host
+    by_gpus[str(gpus)] = section
+    return {"by_gpus": dict(sorted(by_gpus.items(), key=lambda item: int(item[0])))}
 
 
 def runs_left(runs: list[tuple[str, list[str]]], done: list[dict]) -> list[tuple[str, list[str]]]:

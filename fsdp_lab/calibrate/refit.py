@@ -24,16 +24,23 @@ def refit(table: dict) -> dict:
     out = dict(table)
     device = Device(table.get("name", "table"), table)
     host = table.get("host", {})
-    if host and "widths" not in host:
-        raise ValueError("the host section is an older one of one width, whose runs cannot be traced again: measure it again (--host-only)")
-    if host:
-        stored = sorted(w["dim"] for w in host["widths"])
-        if stored != sorted(w["dim"] for w in widths()):
-            raise ValueError(f"host widths {stored} are not the calibration's {[w['dim'] for w in widths()]}: measure them again")
-        host_s = {run + at_width(w): s for w in host["widths"] for run, s in w["measured_host_step_s"].items()}
-        out["host"] = {**host, "widths": fit_widths(host_s, device)}
+    if "by_gpus" in host:  # a section per rank count it was timed on
+        out["host"] = {**host, "by_gpus": {n: _refit_host(section, device) for n, section in host["by_gpus"].items()}}
+    elif host:
+        out["host"] = _refit_host(host, device)
     if "blocks" in table.get("elementwise", {}):
         measured = [{k: v for k, v in b.items() if k not in ("priced_elementwise_s", "eager_factor", "compiled_share")}
                     for b in table["elementwise"]["blocks"]]
         out["elementwise"] = fit_elementwise(measured, device)
     return out
+
+
+def _refit_host(section: dict, device: Device) -> dict:
+    """One host section's widths fitted again from their stored run times."""
+    if "widths" not in section:
+        raise ValueError("the host section is an older one of one width, whose runs cannot be traced again: measure it again (--host-only)")
+    stored = sorted(w["dim"] for w in section["widths"])
+    if stored != sorted(w["dim"] for w in widths()):
+        raise ValueError(f"host widths {stored} are not the calibration's {[w['dim'] for w in widths()]}: measure them again")
+    host_s = {run + at_width(w): s for w in section["widths"] for run, s in w["measured_host_step_s"].items()}
+    return {**section, "widths": fit_widths(host_s, device)}

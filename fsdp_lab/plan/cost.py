@@ -227,7 +227,8 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
             mm *= float8_mm
         return mm + p.attn + p.mem * factor
 
-    host = device.host_figures(kernel_s(block["fwd"]))  # the host's cost per op follows the kernels' size
+    # the host's cost per op follows the kernels' size, and the ranks it issues a step over
+    host = device.host_figures(kernel_s(block["fwd"]), layout.world)
     tp_ar = device.collective_s("all_reduce", block["fwd"].hidden_bytes, tp_size, tp_inter) if tp > 1 else 0.0
     tp_host = host.get("tp_kernel_s", 0.0) if tp > 1 else 0.0  # absent: measured without TP (one GPU)
 

@@ -114,16 +114,17 @@ class Device:
 
     @property
     def host(self) -> dict:
-        """The table's host section as calibrated: one width's figures, or {"widths": [...]}."""
+        """The table's host section as calibrated: one width's figures, {"widths": [...]}, or such
+        sections by the rank count they were timed on ({"by_gpus": {...}})."""
         return self.table["host"]
 
-    def host_figures(self, block_kernel_s: float) -> dict:
+    def host_figures(self, block_kernel_s: float, gpus: int) -> dict:
         """Host seconds per op dispatched, per TP matmul, per compiled kernel, per checkpointed block
-        (eager and compiled), per step, for a block whose forward kernels take block_kernel_s
-        (fsdp_lab/plan/host.py: host_figures decides how the calibrated widths are read)."""
-        from fsdp_lab.plan.host import host_figures
+        (eager and compiled), per step, for a block whose forward kernels take block_kernel_s, in a
+        step over `gpus` GPUs (fsdp_lab/plan/host.py: which calibrated count and widths are read)."""
+        from fsdp_lab.plan.host import host_figures, host_section
 
-        return host_figures(self.table["host"], block_kernel_s)
+        return host_figures(host_section(self.table["host"], gpus), block_kernel_s)
 
 
 @lru_cache(maxsize=None)

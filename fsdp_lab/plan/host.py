@@ -22,6 +22,18 @@ def kernel_s(block_fwd) -> float:
     return block_fwd.mm + block_fwd.attn + block_fwd.mem
 
 
+def host_section(host: dict, gpus: int) -> dict:
+    """The table's host section for a step on `gpus` GPUs. A table calibrated on several rank counts
+    ({"by_gpus": {"2": section, "4": section}}) gives the nearest count's, in log2 and the larger on a
+    tie, as its collectives do (plan/device.py fit_nearest_group): a host issues a step over more ranks
+    slower (1b fsdp on 4xH100: 122 ms a step against 2 ranks' 104); a table of one count, its one section."""
+    by_gpus = host.get("by_gpus")
+    if not by_gpus:
+        return host
+    nearest = min(by_gpus, key=lambda n: (abs(math.log2(int(n) / gpus)), -int(n)))
+    return by_gpus[nearest]
+
+
 def host_figures(section: dict, block_kernel_s: float) -> dict:
     """The host's figures for a block whose forward kernels take block_kernel_s: a section of one
     calibrated width (older tables: {"op_s": ...}) at any kernel time; a section of several widths
