@@ -13,8 +13,10 @@ these ranks by runs_in_ranks.py), then the fitted figures.
 Rank 0 writes the table; every rank takes part in the collectives. `--host-only` measures the host
 section alone into an existing table (its kernel sections price the host model's blocks, which the
 host's figures are read by), for the rank count it runs on: the table keeps a host section per count,
-and the plan reads the nearest (a host issues a step over more ranks slower). `--quick` (and a CPU machine) runs tiny shapes, each host run once for a
-few steps, to check the script itself (about 6 minutes on a 2-core CPU). `--refit` measures nothing:
+and the plan reads the nearest (a host issues a step over more ranks slower). `--host-rows FILE` keeps
+each timed run as it ends, and the same command again times only the runs the file lacks. `--quick`
+(and a CPU machine) runs tiny shapes, each host run once for a few steps, to check the script itself
+(about 6 minutes on a 2-core CPU). `--refit` measures nothing:
 it fits the table's host and elementwise figures again from its stored measurements by the plan's
 current trace (fsdp_lab/calibrate/refit.py), on any CPU, after a change in what the trace records.
 `--collectives-only` measures the collectives alone: a table keeps the rows of every GPU count it

@@ -16,8 +16,9 @@ microbatches prices gradient accumulation: what its second microbatch costs beyo
 microbatch's ops, per block and for the rest. A run with activation checkpointing prices what AC
 adds per block beyond the ops the trace counts (the trace records the recomputed forward's ops in
 backward, so those are plain ops already): checkpoint's hooks and saved-tensor bookkeeping;
-compiled as well, beyond its compiled kernels. None of it comes from the configurations the plan
-is checked against.
+compiled as well, beyond its compiled kernels. A run with two blocks to an FSDP unit prices FSDP's
+host work per collective (the others run one block to a unit: three collectives a block), eager and
+compiled. None of it comes from the configurations the plan is checked against.
 
 The plan reads the fitted widths by fsdp_lab/plan/host.py (host_figures)."""
 
