@@ -162,7 +162,12 @@ def _collective_fit(name: str, kind: str, group: int) -> tuple[float, float]:
     return fit_nearest_group(load_device(name).table["collectives"]["intra_node"], kind, group)
 
 
+def nearest_count(measured, count: int) -> int:
+    """Of the GPU counts a table measured at, the nearest to `count` in log2, the larger on a tie."""
+    return min(measured, key=lambda g: (abs(math.log2(g / count)), -g))
+
+
 def fit_nearest_group(rows: list[dict], kind: str, group: int) -> tuple[float, float]:
-    nearest = min({r["group"] for r in rows}, key=lambda g: (abs(math.log2(g / group)), -g))
+    nearest = nearest_count({r["group"] for r in rows}, group)
     latency, bandwidth = _fit_collective([r for r in rows if r["group"] == nearest], f"{kind}_s", RING[kind])
     return latency / math.log2(nearest), bandwidth

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+from fsdp_lab.plan.device import nearest_count
+
 
 def kernel_s(block_fwd) -> float:
     """What the host's figures are read at: a block's forward kernels on the GPU as the plan prices them
@@ -24,14 +26,13 @@ def kernel_s(block_fwd) -> float:
 
 def host_section(host: dict, gpus: int) -> dict:
     """The table's host section for a step on `gpus` GPUs. A table calibrated on several rank counts
-    ({"by_gpus": {"2": section, "4": section}}) gives the nearest count's, in log2 and the larger on a
-    tie, as its collectives do (plan/device.py fit_nearest_group): a host issues a step over more ranks
-    slower (1b fsdp on 4xH100: 122 ms a step against 2 ranks' 104); a table of one count, its one section."""
+    ({"by_gpus": {"2": section, "4": section}}) gives the nearest count's, as its collectives do
+    (plan/device.py nearest_count): 1b fsdp's host issued a step in 122 ms on a 4xH100 host, 104 on a
+    2xH100 one, where the 2-rank figures price 105; a table of one count, its one section."""
     by_gpus = host.get("by_gpus")
     if not by_gpus:
         return host
-    nearest = min(by_gpus, key=lambda n: (abs(math.log2(int(n) / gpus)), -int(n)))
-    return by_gpus[nearest]
+    return by_gpus[str(nearest_count(map(int, by_gpus), gpus))]
 
 
 def host_figures(section: dict, block_kernel_s: float) -> dict:
