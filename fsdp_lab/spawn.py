@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -82,13 +83,27 @@ def _with_launch_threads(entry):
     return rank
 
 
+@contextlib.contextmanager
+def _store_per_attempt(restartable: bool):
+    """Ranks of a restarted attempt need a fresh store: the agent's shared rendezvous store keeps the
+    killed attempt's keys, and a new rank could read a dead peer's gloo address from it. A fresh
+    store listens on a port elastic found free and let go, which another process can take meanwhile
+    (EADDRINUSE), so only a run that can restart pays that race; the others share the agent's store."""
+    key = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    before = os.environ.get(key)
+    if restartable and before is None:
+        os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+
+
 def launch(entry, args: tuple, *, n: int, run_dir: Path, max_restarts: int, start_method: str) -> None:
     """`entry(*args)` on `n` local ranks through torch elastic, their output under `run_dir`/logs."""
     # One thread per rank share of the cores; also silences elastic's warning about the default.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
-    # Ranks of a restarted attempt get a fresh store: the agent's shared rendezvous store keeps the
-    # killed attempt's keys, and a new rank could read a dead peer's gloo address from it.
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=run_dir.name,
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
@@ -101,7 +116,8 @@ def launch(entry, args: tuple, *, n: int, run_dir: Path, max_restarts: int, star
     if start_method == "fork":
         entry = _with_launch_threads(entry)
     try:
-        elastic_launch(config, entry)(*args)
+        with _store_per_attempt(max_restarts > 0):
+            elastic_launch(config, entry)(*args)
     except ChildFailedError as e:
         raise RankFailed(describe_failure(e)) from None
     except SignalException as e:  # elastic has already stopped every rank with that signal

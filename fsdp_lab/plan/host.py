@@ -27,12 +27,17 @@ def kernel_s(block_fwd) -> float:
 def host_section(host: dict, gpus: int) -> dict:
     """The table's host section for a step on `gpus` GPUs. A table calibrated on several rank counts
     ({"by_gpus": {"2": section, "4": section}}) gives the nearest count's, as its collectives do
-    (plan/device.py nearest_count): 1b fsdp's host issued a step in 122 ms on a 4xH100 host, 104 on a
-    2xH100 one, where the 2-rank figures price 105; a table of one count, its one section."""
+    (plan/device.py nearest_count): 1b fsdp's host issued a step in 122 ms on 4 H100s, 104 on 2, which
+    the 4-rank section prices 123 and the 2-rank one 105; a table of one count, its one section."""
     by_gpus = host.get("by_gpus")
     if not by_gpus:
         return host
     return by_gpus[str(nearest_count(map(int, by_gpus), gpus))]
+
+
+def count_sections(host: dict) -> dict[str, dict]:
+    """Each of the table's host sections by the rank count it was timed on ("any" for a table of one)."""
+    return host.get("by_gpus") or ({"any": host} if host else {})
 
 
 def host_figures(section: dict, block_kernel_s: float) -> dict:
