@@ -31,13 +31,19 @@ def pytest_runtest_call(item):
         yield
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(items):
-    """The files with the most slow tests first, each file's tests in their order: pytest-xdist hands
-    each worker whole files in this order, so the long ones start early and the short ones fill the
-    end, instead of one worker running a long file alone while the other idles."""
+    """pytest-xdist (`--dist loadgroup`) hands out tests one by one, except that the tests sharing a
+    module-scoped fixture (a run several tests read) form one group, run on one worker, so the
+    fixture runs once. The files with the most slow tests go first, each file's tests in their order:
+    the long groups start early and single tests fill the end, instead of one worker running a long
+    file alone while the other idles."""
     slow = {}
     for item in items:
         slow[item.path] = slow.get(item.path, 0) + bool(item.get_closest_marker(MARKER))
+        if any(d.scope != "function" for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs
+               if d.baseid and item.nodeid.startswith(d.baseid)):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
     items.sort(key=lambda item: -slow[item.path])  # stable: a file's tests keep their order
 
 
