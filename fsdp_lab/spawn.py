@@ -84,15 +84,14 @@ def _with_launch_threads(entry):
 
 
 @contextlib.contextmanager
-def _store_per_attempt(restartable: bool):
-    """Ranks of a restarted attempt need a fresh store: the agent's shared rendezvous store keeps the
-    killed attempt's keys, and a new rank could read a dead peer's gloo address from it. A fresh
-    store listens on a port elastic found free and let go, which another process can take meanwhile
-    (EADDRINUSE), so only a run that can restart pays that race; the others share the agent's store."""
+def _store_per_attempt():
+    """Ranks of each attempt meet on a fresh store, not the agent's shared one: that one keeps a killed
+    attempt's keys (a new rank could read a dead peer's gloo address from it), and runs sharing it
+    hung at their rendezvous in this suite (ranks forked from the agent). The setting holds for this
+    launch only, not for the launching process's later ones (a value the user set is kept)."""
     key = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
     before = os.environ.get(key)
-    if restartable and before is None:
-        os.environ[key] = "1"
+    os.environ.setdefault(key, "1")
     try:
         yield
     finally:
@@ -116,7 +115,7 @@ def launch(entry, args: tuple, *, n: int, run_dir: Path, max_restarts: int, star
     if start_method == "fork":
         entry = _with_launch_threads(entry)
     try:
-        with _store_per_attempt(max_restarts > 0):
+        with _store_per_attempt():
             elastic_launch(config, entry)(*args)
     except ChildFailedError as e:
         raise RankFailed(describe_failure(e)) from None

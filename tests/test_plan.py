@@ -423,6 +423,7 @@ def test_a_table_of_two_widths_prices_the_host_at_the_model_s_block_kernel_time(
 
 
 HOST_FREE = {k: 0.0 for k in ("op_s", "step_s", "compiled_kernel_s", "compiled_step_s")}
+"""A host section that costs nothing: the GPU's own work, no host wait hiding it."""
 
 
 @pytest.mark.slow
@@ -435,7 +436,6 @@ def test_a_layout_is_priced_by_the_host_section_of_its_own_gpu_count(planned):
     by_count = Device(calibrated.name, {**calibrated.table, "host": {"by_gpus": {"2": HOST_FREE, "64": calibrated.host}}})
     assert layout.world == 64
     assert step_time(model, layout, by_count, 8)["host_s"] == step_time(model, layout, calibrated, 8)["host_s"] > 0
-"""A host section that costs nothing: the GPU's own work, no host wait hiding it."""
 
 
 @pytest.mark.slow

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from fsdp_lab.plan.device import load_device
 from fsdp_lab.calibrate.host import DEPTHS, fit_widths, run_name, traced_counts, widths, with_host_section
-from fsdp_lab.plan.device import Device
-from fsdp_lab.plan.host import count_sections, host_figures, host_section
+from fsdp_lab.plan.device import Device, load_device
+from fsdp_lab.plan.host import host_figures, host_section
+from device_tables import host_sections
 from shared_traces import traces_shared
 
 NARROW = {"dim": 768, "block_kernel_s": 1e-3, "op_s": 4e-6, "step_s": 2e-3, "ac_block_s": 5e-4}
@@ -59,7 +59,7 @@ def test_a_table_of_one_calibrated_width_is_read_at_every_kernel_time():
 
 @pytest.mark.parametrize("name", ["h200", "h100-80gb"])
 def test_the_shipped_tables_have_a_section_per_width_their_blocks_priced_by_size(name):
-    for count_section in count_sections(load_device(name).host).values():
+    for count_section in host_sections(load_device(name).host):
         sections = count_section["widths"]
         assert [s["dim"] for s in sections] == [w["dim"] for w in widths()]
         assert 0 < sections[0]["block_kernel_s"] < sections[1]["block_kernel_s"]

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from benchmark_scripts import load
+from device_tables import host_sections
 from fsdp_lab.calibrate.refit import refit
-from fsdp_lab.plan.host import count_sections
 from fsdp_lab.plan.trace import traced_on
 from shared_traces import traces_shared
 
@@ -49,7 +49,7 @@ def changed(before, after, at: str = "") -> list[str]:
 @pytest.mark.parametrize("name", ["h200", "h100-80gb"])
 def test_the_shipped_tables_are_fitted_by_the_current_trace(name, tmp_path, monkeypatch):
     shipped = json.loads((DEVICES / f"{name}.json").read_text())
-    widths = [w for section in count_sections(shipped["host"]).values() for w in section["widths"]]
+    widths = [w for section in host_sections(shipped["host"]) for w in section["widths"]]
     versions = {s["traced_on"] for s in (*widths, *([shipped["elementwise"]] if "elementwise" in shipped else []))}
     if any(v.split(" ")[1].split(".")[:2] != torch.__version__.split(".")[:2] for v in versions):
         pytest.skip(f"the table was fitted by the trace of {versions}, which counts other ops than this torch's: refit it here to check it")

@@ -11,7 +11,6 @@ runs' host times, the blocks' device times, the kernel sections) stay as measure
 from __future__ import annotations
 
 from fsdp_lab.plan.device import Device
-from fsdp_lab.plan.host import count_sections
 from fsdp_lab.calibrate.elementwise import fit_elementwise
 from fsdp_lab.calibrate.host import at_width, fit_widths, widths
 
@@ -25,11 +24,10 @@ def refit(table: dict) -> dict:
     out = dict(table)
     device = Device(table.get("name", "table"), table)
     host = table.get("host", {})
-    refitted = {n: _refit_host(section, device) for n, section in count_sections(host).items()}
     if "by_gpus" in host:  # a section per rank count it was timed on
-        out["host"] = {**host, "by_gpus": refitted}
+        out["host"] = {"by_gpus": {n: _refit_host(section, device) for n, section in host["by_gpus"].items()}}
     elif host:
-        out["host"] = refitted["any"]
+        out["host"] = _refit_host(host, device)
     if "blocks" in table.get("elementwise", {}):
         measured = [{k: v for k, v in b.items() if k not in ("priced_elementwise_s", "eager_factor", "compiled_share")}
                     for b in table["elementwise"]["blocks"]]

@@ -35,11 +35,6 @@ def host_section(host: dict, gpus: int) -> dict:
     return by_gpus[str(nearest_count(map(int, by_gpus), gpus))]
 
 
-def count_sections(host: dict) -> dict[str, dict]:
-    """Each of the table's host sections by the rank count it was timed on ("any" for a table of one)."""
-    return host.get("by_gpus") or ({"any": host} if host else {})
-
-
 def host_figures(section: dict, block_kernel_s: float) -> dict:
     """The host's figures for a block whose forward kernels take block_kernel_s: a section of one
     calibrated width (older tables: {"op_s": ...}) at any kernel time; a section of several widths
