@@ -10,9 +10,10 @@ one before (lab, torchtitan, torchtitan, lab, lab, torchtitan, ...), so that a m
 or slows down through the invocation favours no peer (in a fixed order the last peer of each round
 would always run latest), and the table shows medians. Each run records its place in the
 invocation (`at`, in --json). The lab runs
-`+experiment=bench_llama1b` (shape 8b: Llama-3-8B's sizes with full multi-head attention, batch 1,
-seq 4096) with the per-phase memory probe on for its peak (it costs no measurable time): at 1b eager
-as the experiment sets it (`fsdp.reshard_after_forward=false wrap.group=4`), compiled and at 8b
+`+experiment=bench_llama1b`, compiled `+experiment=bench_llama1b_compiled` (shape 8b: Llama-3-8B's
+sizes with full multi-head attention, batch 1, seq 4096) with the per-phase memory probe on for its
+peak (it costs no measurable time): at 1b in the experiment's own layout (eager
+`fsdp.reshard_after_forward=false wrap.group=4`, compiled resharding two blocks to a unit), at 8b
 resharding (LAYOUT: the fastest that fits under torchtitan's peak). --float8 RECIPE: torchao's float8
 linears in the lab (FLOAT8; at 8b two blocks to a unit) and in torchtitan (its float8 converter, tensorwise
 gathering its weights in float8,
@@ -52,33 +53,30 @@ SHAPES = {
 }
 LAB_KEY = {"seq_len": "train.seq_len", "batch_size": "train.batch_size", "steps": "train.steps",
            "warmup": "probes.perf.warmup_steps"}
-# The lab's layout where it is not bench_llama1b's, the fastest that stays under torchtitan's peak
-# memory. bench_llama1b carries the eager 1b one itself (fsdp.reshard_after_forward=false, wrap.group=4:
-# the lab's loss holds no float32 copy of the logits, 2.2 GiB less than torchtitan's, room to keep each
-# block's gathered parameters from forward to backward, 1.8 GiB, which saves the backward's
-# all-gathers; 4 blocks to a unit pay FSDP's host work a quarter as often). Compiled, torchtitan's
-# loss holds no copy either (their peaks are level): the lab reshards, 2 blocks to a unit (4 gathered
-# 89 MiB over torchtitan's peak). At 8b the blocks' gathered bf16 weights would add about 14.5 GiB
-# (7.8B parameters, by count; not measured), above torchtitan's peak there: it reshards.
+# The lab's layout where it is not the experiments' (the 1b ones carry theirs: bench_llama1b and
+# bench_llama1b_compiled), the fastest that stays under torchtitan's peak memory. At 8b the blocks'
+# gathered bf16 weights would add about 14.5 GiB (7.8B parameters, by count; not measured), above
+# torchtitan's peak there: it reshards.
 RESHARDED = ["fsdp.reshard_after_forward=true", "wrap.group=1"]  # at 8b: as measured before the experiment kept blocks gathered
-LAYOUT = {("1b", True): ["fsdp.reshard_after_forward=true", "wrap.group=2"], ("8b", False): RESHARDED, ("8b", True): RESHARDED}
+LAYOUT = {("8b", False): RESHARDED, ("8b", True): RESHARDED}
 # --float8: the lab's overrides per recipe; torchtitan's yardstick takes --float8 RECIPE (its tensorwise
 # gathers weights in float8). The lab's tensorwise gathers bf16: at 8b compiled on 4xH100 (2026-11-26)
 # gathering float8 ran at the same speed (9,423 against 9,391 tokens/s, medians of 2) and held 3.7 GiB
-# more, above torchtitan's peak. Two blocks to a unit at 8b: float8's host work per FSDP unit made one
-# block to a unit 8.5% slower (8,615 against 9,347, one run each); two hold 0.7 GiB more.
+# more, above torchtitan's peak. Two blocks to a unit at 8b (the compiled experiment's own layout):
+# float8's host work per FSDP unit made one block to a unit 8.5% slower (8,615 against 9,347, one run
+# each); two hold 0.7 GiB more.
 FLOAT8 = {"tensorwise": ["float8.recipe=tensorwise"], "rowwise": ["float8.recipe=rowwise"]}
-FLOAT8_LAYOUT = {("8b", True): ["fsdp.reshard_after_forward=true", "wrap.group=2"]}
+FLOAT8_LAYOUT = {("8b", True): []}
 PEERS = ("lab", "torchtitan", "hand-written")
 SCRIPT = {"torchtitan": "benchmarks/torchtitan_yardstick.py", "hand-written": "benchmarks/fsdp2_yardstick.py"}
 
 
-def lab(overrides: list[str], warmup: int, profile_dir: Path | None = None) -> dict:
-    """tokens/s, MFU and peak memory of `python -m fsdp_lab +experiment=bench_llama1b OVERRIDES`;
+def lab(experiment: str, overrides: list[str], warmup: int, profile_dir: Path | None = None) -> dict:
+    """tokens/s, MFU and peak memory of `python -m fsdp_lab +experiment=EXPERIMENT OVERRIDES`;
     with `profile_dir`, its profile/ of the last 2 warm-up steps (as the peers') copied there."""
     if profile_dir:
         overrides = [*overrides, "probes.profile.enabled=true", f"probes.profile.first_step={warmup - 1}", "probes.profile.steps=2"]
-    result = lab_run(overrides)
+    result = lab_run(overrides, experiment)
     if profile_dir:
         shutil.copytree(result.run_dir / "profile", profile_dir, dirs_exist_ok=True)
     s = result.summary
@@ -94,9 +92,9 @@ def own_layout(overrides: list[str], layout: list[str], variant: list[str]) -> l
     return overrides + variant
 
 
-def lab_run(overrides: list[str]):
-    """`python -m fsdp_lab +experiment=bench_llama1b OVERRIDES` with the memory probe on, finished (or exit)."""
-    result = run_lab("+experiment=bench_llama1b", "probes.memory.enabled=true", *overrides, timeout=1800)
+def lab_run(overrides: list[str], experiment: str = "bench_llama1b"):
+    """`python -m fsdp_lab +experiment=EXPERIMENT OVERRIDES` with the memory probe on, finished (or exit)."""
+    result = run_lab(f"+experiment={experiment}", "probes.memory.enabled=true", *overrides, timeout=1800)
     if result.returncode != 0:
         sys.exit(f"lab run failed ({' '.join(overrides)}):\n{result.stderr[-3000:]}")
     return result
@@ -161,6 +159,8 @@ def main() -> None:
     layouts = FLOAT8_LAYOUT if a.float8 != "none" and (a.shape, a.compile) in FLOAT8_LAYOUT else LAYOUT
     layout = layouts.get((a.shape, a.compile), [])
     extra = layout + extra  # printed with the table: the lab's overrides beyond the shape
+    # Compiled, the experiment that carries the compiled 1b layout (as a user runs it).
+    experiment = "bench_llama1b_compiled" if a.compile else "bench_llama1b"
     lab_overrides = [f"{LAB_KEY.get(k, 'model.' + k)}={v}" for k, v in shape.items()] + extra
     args = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
     # Said either way, so that a layout=auto variant keeps the mode's compile rather than choosing it.
@@ -179,7 +179,7 @@ def main() -> None:
         for name in peers if run % 2 == 0 else peers[::-1]:
             profile_dir = a.profile / name.replace(":", "-") if a.profile and run == 0 else None
             if name == "lab" or name in variants:
-                figures = lab(own_layout(lab_overrides, layout, variants.get(name, [])), shape["warmup"], profile_dir)
+                figures = lab(experiment, own_layout(lab_overrides, layout, variants.get(name, [])), shape["warmup"], profile_dir)
             else:
                 figures = peer(name, gpus, args + ([f"--profile={profile_dir}"] if profile_dir else []), a.peer_path)
             runs[name].append({**figures, "at": sum(map(len, runs.values()))})

@@ -54,13 +54,26 @@ def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path, cut_short):
 
 
 def test_the_labs_layout_per_mode_changes_the_experiment_and_is_accepted(prepared):
-    """speed.py's LAYOUT and FLOAT8_LAYOUT: each mode's overrides must be ones the lab accepts for bench_llama1b, and
-    must change it (an override the experiment already sets would be a layout nobody measured apart)."""
+    """speed.py's LAYOUT and FLOAT8_LAYOUT: each mode's overrides must be ones the lab accepts for the
+    mode's experiment, and must change it (an override the experiment already sets would be a layout
+    nobody measured apart); none means the experiment's own layout."""
     speed_script = load("speed")
-    base, _ = prepared("+experiment=bench_llama1b", "mesh.world_size=2")
-    for mode, overrides in [*speed_script.LAYOUT.items(), *speed_script.FLOAT8_LAYOUT.items()]:
-        run, _ = prepared("+experiment=bench_llama1b", "mesh.world_size=2", *overrides)
-        assert run != base, mode
+    for (shape, compiled), overrides in [*speed_script.LAYOUT.items(), *speed_script.FLOAT8_LAYOUT.items()]:
+        experiment = "+experiment=bench_llama1b_compiled" if compiled else "+experiment=bench_llama1b"
+        base, _ = prepared(experiment, "mesh.world_size=2")
+        run, _ = prepared(experiment, "mesh.world_size=2", *overrides)
+        assert (run != base) == bool(overrides), (shape, compiled)
+
+
+def test_the_compiled_experiment_is_the_eager_one_compiled_in_its_own_layout(prepared):
+    """bench_llama1b_compiled: the same model and training as bench_llama1b, compiled, resharding two
+    blocks to a unit where the eager experiment keeps four gathered."""
+    eager, _ = prepared("+experiment=bench_llama1b", "mesh.world_size=2")
+    compiled, _ = prepared("+experiment=bench_llama1b_compiled", "mesh.world_size=2")
+    assert compiled.model.compile and not eager.model.compile
+    assert (compiled.fsdp.reshard_after_forward, compiled.wrap.group) == (True, 2)
+    assert (eager.fsdp.reshard_after_forward, eager.wrap.group) == (False, 4)
+    assert compiled.model.dim == eager.model.dim and compiled.train == eager.train and compiled.optim == eager.optim
 
 
 def test_a_layout_auto_variant_runs_without_the_modes_hand_set_layout():
