@@ -12,6 +12,9 @@ import torch.distributed as dist
 from fsdp_lab.config import ConfigError
 
 RANK_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# Set by the lab's own launch (fsdp_lab/spawn.py), whose ranks share this machine: a directory where
+# the ranks of each attempt meet on a FileStore. Ranks started by torchrun or srun meet at MASTER_ADDR.
+RANK_STORE_DIR = "FSDP_LAB_RANK_STORE_DIR"
 
 
 def is_rank_process() -> bool:
@@ -45,8 +48,18 @@ class DistContext:
         return self.rank == 0
 
 
+def rank_store(world: int) -> dist.Store | None:
+    """The lab's launch: a FileStore of this attempt (a restarted attempt meets on a new file, never
+    on what a killed one left); None: env:// at MASTER_ADDR:MASTER_PORT, as torchrun and srun set them."""
+    store_dir = os.environ.get(RANK_STORE_DIR)
+    if not store_dir:
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.FileStore(os.path.join(store_dir, f"attempt-{attempt}"), world)
+
+
 def init_distributed(device_type: str, timeout_s: int) -> DistContext:
-    """Join the process group of the ranks the launcher started (env:// rendezvous)."""
+    """Join the process group of the ranks the launcher started (rank_store)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     if device_type == "cuda":
@@ -59,6 +72,9 @@ def init_distributed(device_type: str, timeout_s: int) -> DistContext:
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
+            store=rank_store(world),
+            rank=rank,
+            world_size=world,
             timeout=timedelta(seconds=timeout_s),
             device_id=device if device_type == "cuda" else None,
         )

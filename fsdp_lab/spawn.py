@@ -6,8 +6,10 @@ import contextlib
 import functools
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -16,7 +18,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from fsdp_lab.config import RunConfig
-from fsdp_lab.dist import resolve_device_type
+from fsdp_lab.dist import RANK_STORE_DIR, resolve_device_type
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.worker import rank_main
 
@@ -84,19 +86,23 @@ def _with_launch_threads(entry):
 
 
 @contextlib.contextmanager
-def _store_per_attempt():
-    """Ranks of each attempt meet on a fresh store, not the agent's shared one: that one keeps a killed
-    attempt's keys (a new rank could read a dead peer's gloo address from it), and runs sharing it
-    hung at their rendezvous in this suite (ranks forked from the agent). The setting holds for this
-    launch only, not for the launching process's later ones (a value the user set is kept)."""
-    key = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-    before = os.environ.get(key)
-    os.environ.setdefault(key, "1")
+def _rank_store_dir():
+    """The ranks of this launch meet on a FileStore in a directory of its own (fsdp_lab.dist.rank_store),
+    not on a TCP store: elastic gives the ranks a port it found free and let go, which another process
+    can take before rank 0 listens on it (EADDRINUSE, seen with this suite's two workers launching
+    runs side by side), and ranks meeting on the agent's own store hung at their rendezvous in this
+    suite. The setting holds for this launch only; the directory goes with it."""
+    store_dir = tempfile.mkdtemp(prefix="fsdp_lab-ranks-")
+    before = os.environ.get(RANK_STORE_DIR)
+    os.environ[RANK_STORE_DIR] = store_dir
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(key, None)
+            os.environ.pop(RANK_STORE_DIR, None)
+        else:
+            os.environ[RANK_STORE_DIR] = before
+        shutil.rmtree(store_dir, ignore_errors=True)
 
 
 def launch(entry, args: tuple, *, n: int, run_dir: Path, max_restarts: int, start_method: str) -> None:
@@ -115,7 +121,7 @@ def launch(entry, args: tuple, *, n: int, run_dir: Path, max_restarts: int, star
     if start_method == "fork":
         entry = _with_launch_threads(entry)
     try:
-        with _store_per_attempt():
+        with _rank_store_dir():
             elastic_launch(config, entry)(*args)
     except ChildFailedError as e:
         raise RankFailed(describe_failure(e)) from None

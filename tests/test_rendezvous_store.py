@@ -1,39 +1,61 @@
-"""Which rendezvous store a run's ranks meet on (fsdp_lab/spawn.py): each attempt a fresh one, never
-the agent's shared store, whether the run can restart or not; and the launch leaves the launching
-process's environment as it was. Real ranks through torch elastic, forked from a warm process as
-tests/test_rank_failures.py's."""
+"""Where a run's ranks meet (fsdp_lab/spawn.py, fsdp_lab/dist.py rank_store): on a FileStore of the
+launch, a new file each attempt, never on the TCP port elastic found free and let go (another process
+can take it first); the launch leaves the launching process's environment as it was and removes the
+store. Real ranks through torch elastic, forked from a warm process as tests/test_rank_failures.py's."""
 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.elastic.rendezvous.api as rendezvous_api
 
+from fsdp_lab.dist import RANK_STORE_DIR, close_distributed, init_distributed
 from fsdp_lab.spawn import launch
 from warm_lab import in_a_warm_process
 
 pytestmark = pytest.mark.slow
 
-KEY = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+def meets_and_sums(out: str) -> None:
+    """A rank: joins the group, all-reduces its rank + 1; the first attempt's rank 1 then fails, so a
+    run that may restart meets again."""
+    ctx = init_distributed("cpu", timeout_s=60)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    total = torch.tensor([ctx.rank + 1.0])
+    dist.all_reduce(total)
+    if ctx.rank == 0:
+        with open(out, "a") as f:
+            f.write(f"{attempt} {int(total.item())} {os.environ[RANK_STORE_DIR]}\n")
+    close_distributed(failed=False)
+    if attempt == "0" and ctx.rank == 1 and out.endswith("restarts"):
+        raise RuntimeError("the first attempt fails")
 
 
-def writes_what_the_rank_sees(out: str) -> None:
-    Path(out).write_text(os.environ.get(KEY, "shared"))
+def launch_with_the_port_taken(run_dir: str, out: str, max_restarts: int) -> None:
+    """In the warm process: the race lost on purpose. Every port elastic finds free for the ranks is
+    already listened on by another socket, as when another process took it in between."""
+    taken = socket.socket()
+    taken.bind(("localhost", 0))
+    taken.listen()
+    rendezvous_api.get_free_port = lambda: taken.getsockname()[1]
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # elastic's own store is not the ranks' port
+    launch(meets_and_sums, (out,), n=2, run_dir=Path(run_dir), max_restarts=max_restarts, start_method="fork")
+    print(f"after: {os.environ.get(RANK_STORE_DIR, 'unset')}")
 
 
-def launch_and_report(run_dir: str, max_restarts: int) -> None:
-    """In the warm process: one rank through torch elastic; prints what this process's environment
-    holds afterwards."""
-    launch(writes_what_the_rank_sees, (str(Path(run_dir) / "seen"),), n=1, run_dir=Path(run_dir),
-           max_restarts=max_restarts, start_method="fork")
-    print(f"after: {os.environ.get(KEY, 'unset')}")
-
-
-@pytest.mark.parametrize("max_restarts", [0, 2])
-def test_each_attempt_meets_on_a_fresh_store_and_the_environment_is_left_as_it_was(max_restarts, tmp_path):
-    run_dir = tmp_path / "run"
-    code, stdout, stderr = in_a_warm_process(launch_and_report, (str(run_dir), max_restarts), timeout=120)
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_ranks_meet_on_a_store_of_the_launch_a_new_one_each_attempt(max_restarts, tmp_path):
+    out = tmp_path / ("restarts" if max_restarts else "once")
+    code, stdout, stderr = in_a_warm_process(launch_with_the_port_taken, (str(tmp_path / "run"), str(out), max_restarts), timeout=120)
     assert code == 0, stderr[-3000:]
-    assert (run_dir / "seen").read_text() == "1"
+    rows = [line.split() for line in out.read_text().splitlines()]
+    # Both ranks met and summed (1 + 2), on every attempt: the restarted one met on a new store file.
+    assert [(attempt, total) for attempt, total, _ in rows] == [(str(a), "3") for a in range(max_restarts + 1)]
+    store_dir = rows[0][2]
     assert "after: unset" in stdout.splitlines(), "the launch leaves the launching process's environment as it was"
+    assert not Path(store_dir).exists(), "the launch removes its store"
