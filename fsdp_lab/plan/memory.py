@@ -4,8 +4,8 @@ pruning figure (a candidate shown as fitting gets mode=estimate's peak at its ow
 A trace's peak (the estimate's, FSDPMemTracker on the fake device) at 2 blocks and at the deeper
 traces' depth grows by the same each block: at the model's depth, on that line (`at_depth`). That
 peak at 1 and 2 samples splits into what does not grow with the batch and the activations per sample:
-P(samples) = S + samples x A. A layout then swaps the trace's sharded states for its own (params and
-Adam state, 12 bytes per parameter in fp32, over its shard group and tp), divides TP's share of the
+P(samples) = S + samples x A. A layout then swaps the trace's sharded states for its own (params,
+gradients and Adam state, 16 bytes per parameter in fp32, over its shard group and tp), divides TP's share of the
 activations and of the rest, holds every block's unsharded parameters when it does not reshard after
 forward, and keeps a stage's share of the activations for up to pp microbatches in a pipeline."""
 
@@ -14,7 +14,11 @@ from __future__ import annotations
 from fsdp_lab.plan.cost import TP_REPLICATED_ELEMENTWISE, Layout, Model
 from fsdp_lab.plan.trace import TRACE_WORLD
 
-STATE_BYTES = 12  # fp32 parameter + exp_avg + exp_avg_sq, sharded
+# fp32 parameter, gradient, exp_avg and exp_avg_sq, sharded. The gradients count: the trace's world of
+# 2 holds half the model's, which counted as fixed made a world of 4 hold two ranks' worth (the 8B full-AC
+# row of the 4xH100 set priced 19.9% over its measured peak, the 1b and HF full-AC rows 15%; with them,
+# within 1.3%).
+STATE_BYTES = 16
 
 
 def at_depth(shallow: float, deep: float, depths: tuple[int, int], layers: int) -> float:
