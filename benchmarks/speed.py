@@ -71,7 +71,7 @@ PEERS = ("lab", "torchtitan", "hand-written")
 SCRIPT = {"torchtitan": "benchmarks/torchtitan_yardstick.py", "hand-written": "benchmarks/fsdp2_yardstick.py"}
 
 
-def lab(experiment: str, overrides: list[str], warmup: int, profile_dir: Path | None = None) -> dict:
+def lab(overrides: list[str], warmup: int, profile_dir: Path | None = None, experiment: str = "bench_llama1b") -> dict:
     """tokens/s, MFU and peak memory of `python -m fsdp_lab +experiment=EXPERIMENT OVERRIDES`;
     with `profile_dir`, its profile/ of the last 2 warm-up steps (as the peers') copied there."""
     if profile_dir:
@@ -179,7 +179,7 @@ def main() -> None:
         for name in peers if run % 2 == 0 else peers[::-1]:
             profile_dir = a.profile / name.replace(":", "-") if a.profile and run == 0 else None
             if name == "lab" or name in variants:
-                figures = lab(experiment, own_layout(lab_overrides, layout, variants.get(name, [])), shape["warmup"], profile_dir)
+                figures = lab(own_layout(lab_overrides, layout, variants.get(name, [])), shape["warmup"], profile_dir, experiment)
             else:
                 figures = peer(name, gpus, args + ([f"--profile={profile_dir}"] if profile_dir else []), a.peer_path)
             runs[name].append({**figures, "at": sum(map(len, runs.values()))})

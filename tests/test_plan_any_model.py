@@ -284,7 +284,6 @@ def test_a_deep_model_is_priced_from_shallow_traces_only():
     assert traced_shapes(80) == [(2, 1), (2, 2), (4, 1), (4, 2)] and traced_shapes(2) == [(2, 1), (2, 2), (1, 1)]
 
 
-
 @pytest.mark.slow
 def test_the_closed_form_shards_the_gradients_it_was_traced_with():
     """The traces run on a world of 2 and hold half the model's float32 gradients; a layout over 8 ranks
