@@ -39,11 +39,12 @@ from fsdp_lab.calibrate.elementwise import fit_elementwise
 from fsdp_lab.calibrate.kernels import BURST, elementwise_blocks, measure_collectives, measure_kernels
 
 
-def host_step_times(world: int, quick: bool, rows_file: Path | None) -> dict[str, float]:
+def host_step_times(world: int, quick: bool, rows_file: Path | None) -> tuple[dict[str, float], dict[str, float]]:
     """The host model's timed runs (fsdp_lab/calibrate/host.py) in these ranks: the host's seconds to issue
-    a step, by run (the median of its rounds). With `rows_file`, each timed run's row is appended to it
-    as it finishes and the runs it holds already are not timed again: a call cut off resumes."""
-    from fsdp_lab.calibrate.host import host_runs, host_times, runs_left
+    a step and the step's seconds, by run (the medians of its rounds). With `rows_file`, each timed run's
+    row is appended to it as it finishes and the runs it holds already are not timed again: a call cut
+    off resumes."""
+    from fsdp_lab.calibrate.host import host_runs, host_times, runs_left, step_times
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from runs_in_ranks import run_all
@@ -59,7 +60,7 @@ def host_step_times(world: int, quick: bool, rows_file: Path | None) -> dict[str
     failed = [r for r in rows if "error" in r]
     if failed:
         raise RuntimeError(f"host runs failed: {failed}")
-    return host_times(rows)
+    return host_times(rows), step_times(rows)
 
 
 def main() -> None:
@@ -105,7 +106,7 @@ def main() -> None:
         table["source"] = (f"measured on {name} x{world} (torch {torch.__version__}) by benchmarks/calibrate_device.py, kernels timed "
                            f"in bursts of {BURST} calls" + ("" if world > 1 else "; collectives kept from the table's earlier "
                                                             "calibration (one GPU cannot measure them)"))
-    host_s = host_step_times(world, quick, args.host_rows)
+    host_s, step_s = host_step_times(world, quick, args.host_rows)
     blocks: list[dict] = []
     if rank == 0:
         print(json.dumps({"host_step_s": host_s}), flush=True)
@@ -113,11 +114,11 @@ def main() -> None:
             blocks = elementwise_blocks(device, quick=quick)
     dist.destroy_process_group()  # the plan's trace below runs on a fake process group of its own
     if rank == 0:
-        from fsdp_lab.calibrate.host import fit_widths, with_host_section
+        from fsdp_lab.calibrate.host import fit_section, with_host_section
         from fsdp_lab.plan.device import Device
 
         # Each width's block priced on this table's kernel sections (measured above, or kept with --host-only).
-        section = {"widths": fit_widths(host_s, Device(name, table), quick), "measured_on": f"{name} x{world}, torch {torch.__version__}"}
+        section = {**fit_section(host_s, Device(name, table), quick, step_s), "measured_on": f"{name} x{world}, torch {torch.__version__}"}
         table["host"] = with_host_section(table.get("host", {}), world, section)
         if not args.host_only and blocks:  # priced by the plan's trace, at this table's bandwidth
             table["elementwise"] = fit_elementwise(blocks, Device(name, table))

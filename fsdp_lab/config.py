@@ -102,6 +102,10 @@ class FSDPConfig:
     fsdp1 prefetches at most one block: 1 sets its forward_prefetch."""
     backward_prefetch: int = bounded(0, ge=0)
     """Blocks to all-gather ahead in backward (explicit prefetch); 0 = FSDP's implicit prefetch."""
+    root_backward_prefetch: bool = True
+    """fsdp2: the root's backward (the output layer and the loss's gradient, a language model's memory
+    peak) all-gathers the last unit ahead, as FSDP2 does by default; false: the last unit is gathered
+    when its own backward starts, holding one unit's gathered weights less at that peak."""
     cast_forward_inputs: bool = True
     """fsdp2: every unit casts its floating-point forward inputs to param_dtype
     (MixedPrecisionPolicy.cast_forward_inputs); false: only the root does (the model's own inputs),

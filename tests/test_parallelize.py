@@ -72,6 +72,20 @@ def test_fsdp2_knobs_reach_fully_shard(built):
     assert first._states_to_forward_prefetch == [second] and second._states_to_backward_prefetch == [first]
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_the_last_unit_is_gathered_ahead_of_the_loss_s_backward_only_with_root_backward_prefetch(built, prefetch):
+    """FSDP2 all-gathers the last unit when the root's backward starts (the output layer and the loss's
+    gradient: a language model's memory peak); fsdp.root_backward_prefetch=false leaves it sharded
+    there, to be gathered when its own backward starts."""
+    run, _, model = built("model.n_layers=3", "wrap.group=1", f"fsdp.root_backward_prefetch={str(prefetch).lower()}")
+    last = model.layers[-1]._get_fsdp_state()._fsdp_param_group
+    gathered_at_output = []
+    model.output.register_full_backward_pre_hook(
+        lambda *_: gathered_at_output.append(last._all_gather_result is not None or last.is_unsharded))
+    model(torch.randint(0, run.model.vocab_size, (2, run.train.seq_len))).float().sum().backward()
+    assert gathered_at_output == [prefetch]
+
+
 def test_without_cast_forward_inputs_only_the_root_casts(built):
     _, _, model = built("fsdp.param_dtype=bfloat16", "fsdp.cast_forward_inputs=false")
     assert model._get_fsdp_state()._mp_policy.cast_forward_inputs, "the root casts the model's inputs"

@@ -14,7 +14,8 @@ import time
 import pytest
 
 from benchmark_scripts import load
-from fsdp_lab.calibrate.host import DEPTHS, ROUNDS, Counts, fit_host, host_runs, host_times, run_name, runs_left, widths
+from fsdp_lab.calibrate.host import (DEPTHS, ROUNDS, Counts, fit_host, fit_slowest_host, host_runs, host_times, run_name, runs_left,
+                                     step_times, widths)
 from fsdp_lab.compose import compose_run
 from fsdp_lab.plan.cost import COMPILED_ELEMENTWISE, Layout, group_link, price, step_time
 from fsdp_lab.plan.device import Device, load_device
@@ -213,18 +214,23 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
     costs give those costs back (the AC runs' recomputed ops and kernels are in their own counts, so
     not in the per-block figures)."""
     lo, hi = DEPTHS
-    counts = {L: Counts(ops=232 + L * 734, kernels=3 + L * 23, ac_ops=248 + L * 912, ac_kernels=3 + L * 30) for L in DEPTHS}
-    op_s, step_s, tp_kernel_s, tp_step_s, compiled_kernel_s = 8e-6, 1e-3, 5e-5, 2e-3, 2e-4
+    counts = {L: Counts(ops=232 + L * 734, kernels=3 + L * 23, ac_ops=248 + L * 912, ac_kernels=3 + L * 30, hf_ops=300 + L * 1100)
+              for L in DEPTHS}
+    op_s, step_s, tp_kernel_s, tp_step_s, compiled_kernel_s = 8e-6, 1e-3, 5e-5, 2e-3, 2e-4  # op_s: the lab's mean per op
+    # A block's host work beyond its ops, and per op in a block: the lab's and HF's op mixes tell them apart.
+    block_s = 2e-3
+    block_op_s = op_s - block_s / 734
     microbatch_block_s, microbatch_rest_s, ac_block_s, ac_compiled_block_s = 3e-4, 7e-4, 4e-4, 6e-4
     tp_compiled_block_s, tp_ac_block_s = 9e-4, 2e-3
     collective_s, compiled_collective_s = 1.5e-3, 2.5e-3  # per FSDP collective a block's unit issues (3 at one block a unit)
     rest_ops = 232
 
     def eager(L): return counts[L].ops * op_s + step_s
+    def hf(L): return L * (1100 * block_op_s + block_s) + 300 * op_s + step_s
     def tp(L): return eager(L) + counts[L].kernels * tp_kernel_s + tp_step_s
     def compiled(L): return L * 23 * compiled_kernel_s + rest_ops * op_s + step_s
     def mb2(L): return 2 * counts[L].ops * op_s + step_s + L * microbatch_block_s + microbatch_rest_s
-    def ac(L): return counts[L].ac_ops * op_s + step_s + L * ac_block_s
+    def ac(L): return L * (912 * block_op_s + block_s + ac_block_s) + 248 * op_s + step_s
     def ac_compiled(L): return L * (30 * compiled_kernel_s + ac_compiled_block_s) + rest_ops * op_s + step_s
     def tp_compiled(L): return compiled(L) + L * tp_compiled_block_s + tp_step_s
     def tp_ac(L): return ac(L) + counts[L].ac_kernels * tp_kernel_s + L * tp_ac_block_s + tp_step_s
@@ -232,12 +238,15 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
     def group2_compiled(L): return compiled(L) - L * 1.5 * compiled_collective_s
 
     runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2), ("ac", ac), ("ac compiled", ac_compiled),
-            ("tp compiled", tp_compiled), ("tp ac", tp_ac), ("group2", group2), ("group2 compiled", group2_compiled))
+            ("tp compiled", tp_compiled), ("tp ac", tp_ac), ("group2", group2), ("group2 compiled", group2_compiled), ("hf", hf))
     timed = {f"{name} {L}": f(L) for name, f in runs for L in DEPTHS}
     # every run the calibration times is read, at each width
     assert {name for name, _ in host_runs(2)} == {f"{name} @{w['dim']}" for name in timed for w in widths()}
     fitted = fit_host(timed, counts)
     assert fitted["op_s"] == pytest.approx(op_s) and fitted["step_s"] == pytest.approx(step_s)
+    assert fitted["block_s"] == pytest.approx(block_s) and fitted["block_op_s"] == pytest.approx(block_op_s)
+    one_mix = fit_host({k: v for k, v in timed.items() if not k.startswith("hf")}, counts)  # the lab's block alone: all per op
+    assert one_mix["block_s"] == 0 and one_mix["block_op_s"] == one_mix["op_s"] == pytest.approx(op_s)
     assert fitted["tp_kernel_s"] == pytest.approx(tp_kernel_s) and fitted["tp_step_s"] == pytest.approx(tp_step_s)
     assert fitted["fsdp_collective_s"] == pytest.approx(collective_s)
     assert fitted["fsdp_compiled_collective_s"] == pytest.approx(compiled_collective_s)
@@ -248,6 +257,20 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
     assert fitted["tp_compiled_block_s"] == pytest.approx(tp_compiled_block_s) and fitted["tp_ac_block_s"] == pytest.approx(tp_ac_block_s)
     assert not any(name.startswith("tp") for name, _ in host_runs(1)), "TP needs two ranks"
     assert fitted["traced"]["rest_kernels"] == 3 and hi - lo >= 4  # per-block figures over several blocks: noise divided
+
+
+def test_the_slowest_host_is_read_from_the_narrowest_widths_eager_runs():
+    """slowest_host: the median step over host time of the narrowest width's eager runs (host-bound
+    there), neither its compiled runs nor the wider width's (whose GPU work may set the step); 1 for a
+    section that stored no step times (calibrated before they were kept)."""
+    host = {"eager 2": 0.10, "eager 10": 0.50, "ac 2": 0.20, "compiled 2": 0.10}
+    narrow = {"dim": 768, "measured_host_step_s": host,
+              "measured_step_s": {"eager 2": 0.11, "eager 10": 0.60, "ac 2": 0.30, "compiled 2": 0.5}}
+    wide = {"dim": 2304, "measured_host_step_s": host, "measured_step_s": {name: 2 * t for name, t in host.items()}}
+    assert fit_slowest_host([wide, narrow]) == pytest.approx(1.2)  # of 1.1, 1.2 and 1.5
+    assert fit_slowest_host([{"dim": 768, "measured_host_step_s": host}]) == 1.0
+    rows = [{"config": "eager 2", "step_time_s": t, "host_step_s": 0.1} for t in (0.3, 0.1, 0.2)]
+    assert step_times(rows) == {"eager 2": 0.2}
 
 
 def test_eager_host_runs_are_timed_in_rounds_apart_and_their_median_taken():
@@ -280,7 +303,8 @@ def test_a_host_calibration_cut_off_resumes_at_the_runs_it_had_not_timed():
 @pytest.mark.parametrize("quick", [False, True])
 @pytest.mark.slow
 def test_the_host_runs_are_one_model_per_width_at_a_planned_model_s_kernel_sizes(quick):
-    """Every timed run is the lab's own config of one model per width (the counts are traced from it);
+    """Every timed run is the lab's own config of one model per width (the counts are traced from it; the
+    `hf` run the same sizes as an HF Llama);
     the accumulation run doubles the batch, each of its two microbatches the others' batch. On the
     device the widths bracket the models the plan is checked against (plan_accuracy.py)."""
     runs = dict(host_runs(2, quick))
@@ -288,7 +312,8 @@ def test_the_host_runs_are_one_model_per_width_at_a_planned_model_s_kernel_sizes
     for w in widths(quick):
         for name, run in composed.items():
             if name.endswith(f"@{w['dim']}"):
-                assert (run.model.dim, run.train.seq_len) == (w["dim"], w["seq"])
+                dim = run.model.config["hidden_size"] if name.startswith("hf") else run.model.dim  # the same sizes as an HF Llama
+                assert (dim, run.train.seq_len) == (w["dim"], w["seq"])
                 assert run.train.batch_size // run.train.microbatches == w["batch"], name
         assert composed[run_name("mb2", 10, w)].train.microbatches == 2
     if quick:  # a check of the script on a CPU: each run once, a few steps
@@ -350,6 +375,40 @@ def test_a_layout_issuing_fewer_fsdp_collectives_than_the_calibration_saves_the_
         saved = step_time(model, lay, without, 8)["host_s"] - step_time(model, lay, hooked, 8)["host_s"]
         issued = blocks // group * (3 if reshard else 2)
         assert saved == pytest.approx((3 * blocks - issued) * (3e-4 if compiled else 1e-4)), (group, reshard, compiled)
+
+
+@pytest.mark.slow
+def test_an_eager_block_adds_the_tables_seconds_per_block_once_a_pass_compiled_blocks_none(planned):
+    """block_s (the host's work per block beyond its ops, fitted from two op mixes) is added once per
+    block and microbatch, forward and backward together, to eager blocks; compiled blocks are priced
+    per kernel and add nothing."""
+    layout, predictor = one_stage(planned, microbatches=2)
+    without, with_block = host_figures_as(predictor.device, "block_", {"block_s": 1e-3})
+    blocks = predictor.model("none").layers
+    for ac, compiled in itertools.product(("none", "full"), (True, False)):
+        lay = dataclasses.replace(layout, ac=ac, compile=compiled)
+        model = predictor.model(ac)
+        added = step_time(model, lay, with_block, 8)["host_s"] - step_time(model, lay, without, 8)["host_s"]
+        assert added == pytest.approx(0.0 if compiled else 2 * blocks * 1e-3), (ac, compiled)
+
+
+@pytest.mark.slow
+def test_a_host_bound_step_over_several_ranks_follows_the_slowest_host(planned):
+    """slowest_host: the ranks' GPUs follow the slowest rank's host, the table's host times being rank 0's.
+    A host-bound step's host work (rank 0's, reported as host_s) is unchanged; the step grows by the
+    ratio of it; one GPU has no other host to wait for."""
+    layout, predictor = one_stage(planned, microbatches=1)
+    one, slow = host_figures_as(predictor.device, "slowest_", {"slowest_host": 1.25})
+    model = predictor.model(layout.ac)
+    # a host that outruns the GPU many times over: the step is the host's work and the optimizer's
+    host_bound = Device(one.name, {**one.table, "host": {**one.host, "op_s": 1e-3, "block_op_s": 1e-3}})
+    lagging = Device(one.name, {**host_bound.table, "host": {**host_bound.host, "slowest_host": 1.25}})
+    base, lagged = step_time(model, layout, host_bound, 8), step_time(model, layout, lagging, 8)
+    assert base["host_bound"] and lagged["host_s"] == pytest.approx(base["host_s"])
+    assert lagged["step_time_s"] - lagged["optimizer_s"] == pytest.approx(1.25 * (base["step_time_s"] - base["optimizer_s"]))
+    alone = dataclasses.replace(layout, dp_shard=1, dp_replicate=1, tp=1)
+    assert step_time(model, alone, lagging, 8)["step_time_s"] == pytest.approx(step_time(model, alone, host_bound, 8)["step_time_s"])
+    assert step_time(model, layout, slow, 8)["step_time_s"] >= step_time(model, layout, one, 8)["step_time_s"]
 
 
 @pytest.mark.slow
@@ -500,22 +559,24 @@ def test_the_profiler_split_counts_matmuls_apart_from_elementwise_work():
 
 @pytest.mark.slow
 def test_a_slow_host_makes_the_step_host_bound(planned):
-    """The same layout on a device whose host issues ops 100x slower: the step becomes the host's
-    time to issue it, and is marked; when the host's own step work outlasts the GPU's backward, the
+    """The same layout on a device whose host issues ops 100x slower: the step becomes the (slowest
+    rank's) host's time to issue it, and is marked; when the host's own step work outlasts the GPU's backward, the
     optimizer's time follows the host's (its kernels cannot start before the host launches them)."""
     run, candidates, _, _, predictor = planned
     # Eager, one stage: every op issued by the host, no pipeline bubble.
     layout = next(c.layout for c in candidates if not c.layout.compile and c.layout.pp == 1)
     model = predictor.model(layout.ac)
     device = one_width(predictor.device)
-    slow = Device(device.name, {**device.table, "host": {k: v * 100 if isinstance(v, float) else v for k, v in device.host.items()}})
+    slow = Device(device.name, {**device.table, "host": {k: v * 100 if isinstance(v, float) and k.endswith("_s") else v
+                                                         for k, v in device.host.items()}})  # seconds, not ratios
     fast = step_time(model, layout, device, 8)
     slowed = step_time(model, layout, slow, 8)
-    assert slowed["host_bound"] and slowed["step_time_s"] == pytest.approx(slowed["host_s"], rel=0.05)
+    lag = device.host.get("slowest_host", 1.0)  # the step follows the slowest rank's host; host_s is rank 0's
+    assert slowed["host_bound"] and slowed["step_time_s"] == pytest.approx(slowed["host_s"] * lag, rel=0.05)
     assert slowed["step_time_s"] > 10 * fast["step_time_s"]
     long_step = Device(device.name, {**device.table, "host": {**device.host, "step_s": 1.0}})
     ended = step_time(model, layout, long_step, 8)
-    assert ended["host_bound"] and ended["step_time_s"] == pytest.approx(ended["host_s"] + ended["optimizer_s"], rel=1e-9)
+    assert ended["host_bound"] and ended["step_time_s"] == pytest.approx(ended["host_s"] * lag + ended["optimizer_s"], rel=1e-9)
 
 
 def test_calibration_times_the_trainer_s_optimizer_step_per_parameter():

@@ -18,7 +18,12 @@ adds per block beyond the ops the trace counts (the trace records the recomputed
 backward, so those are plain ops already): checkpoint's hooks and saved-tensor bookkeeping;
 compiled as well, beyond its compiled kernels. A run with two blocks to an FSDP unit prices FSDP's
 host work per collective (the others run one block to a unit: three collectives a block), eager and
-compiled. None of it comes from the configurations the plan is checked against.
+compiled. An HF Llama of the same sizes (model=hf) dispatches half as many ops again per block (HF's
+RMSNorm, rotary and SwiGLU as PyTorch ops where the lab fuses them), so the two blocks split a
+block's host time into a part per op and a part per block (module calls, FSDP's hooks, the lab's
+Triton launches): what any model's block costs from the ops its trace counts. Each run's step time
+beside its host's gives how much later than rank 0's host the slowest rank's ends a host-bound step
+(slowest_host). None of it comes from the configurations the plan is checked against.
 
 The plan reads the fitted widths by fsdp_lab/plan/host.py (host_figures)."""
 
@@ -41,8 +46,13 @@ WIDTHS = {"device": ({"dim": 768, "heads": 6, "ffn": 2048, "seq": 2048, "batch":
                      {"dim": 2304, "heads": 18, "ffn": 6144, "seq": 2048, "batch": 4}),
           "quick": ({"dim": 128, "heads": 2, "ffn": 256, "seq": 128, "batch": 1},
                     {"dim": 256, "heads": 4, "ffn": 512, "seq": 128, "batch": 1})}
+PRECISION = ("train.seq_len={seq}", "fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32")
 HOST_MODEL = ("model.dim={dim}", "model.n_layers={layers}", "model.n_heads={heads}", "model.ffn_dim={ffn}", "model.vocab_size=512",
-              "train.seq_len={seq}", "fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float32")
+              *PRECISION)
+# The same sizes as an HF transformers Llama (the `hf` run): another op mix in a block of the same kernels.
+HF_HOST_MODEL = ("model=hf", "model.model_type=llama", "+model.config.hidden_size={dim}", "+model.config.num_hidden_layers={layers}",
+                 "+model.config.num_attention_heads={heads}", "+model.config.num_key_value_heads={heads}",
+                 "+model.config.intermediate_size={ffn}", "+model.config.vocab_size=512", *PRECISION)
 # The median of 30 steps after 10 of warm-up: a host's time wanders by tens of microseconds from
 # step to step (scheduling, the allocator), and the figures are differences of two runs.
 TIMED = ("train.steps=40", "probes.perf.warmup_steps=10", "probes.parity.enabled=false", "logger=none")
@@ -65,16 +75,20 @@ VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true"
             # two blocks to an FSDP unit: the host's work per collective a unit issues, beyond its ops
             # (fsdp_collective_s), eager and compiled; on 4xH100 (2026-11-26) four blocks to a unit
             # issued an eager 1b step in 58 ms against 105 ms at one
-            "group2": ("wrap.group=2",), "group2 compiled": ("wrap.group=2", "model.compile=true")}
+            "group2": ("wrap.group=2",), "group2 compiled": ("wrap.group=2", "model.compile=true"),
+            # the host model as an HF Llama (HF_HOST_MODEL): on 4xH100 (2026-11-26) an HF 1b block issued
+            # its 1.5x ops in 1.2x the lab block's host time, which one cost per op priced 1.5x
+            "hf": ()}
+MODELS = {"hf": HF_HOST_MODEL}  # a variant's model where it is not HOST_MODEL
 
 
 def widths(quick: bool = False) -> tuple[dict, ...]:
     return WIDTHS["quick" if quick else "device"]
 
 
-def model_overrides(layers: int, width: dict) -> list[str]:
-    """The host model at `layers` blocks of one of WIDTHS (its batch apart)."""
-    return [o.format(layers=layers, **width) for o in HOST_MODEL]
+def model_overrides(layers: int, width: dict, variant: str = "eager") -> list[str]:
+    """A variant's host model at `layers` blocks of one of WIDTHS (its batch apart)."""
+    return [o.format(layers=layers, **width) for o in MODELS.get(variant, HOST_MODEL)]
 
 
 def at_width(width: dict) -> str:
@@ -93,7 +107,7 @@ def host_runs(world_size: int, quick: bool = False) -> list[tuple[str, list[str]
     variants = {k: v for k, v in VARIANTS.items() if "mesh.tp=2" not in v or world_size >= 2}
 
     def run(v, L, w):
-        return (run_name(v, L, w), model_overrides(L, w) + list(QUICK_TIMED if quick else TIMED) + [f"train.batch_size={w['batch'] * (2 if v == 'mb2' else 1)}", *variants[v]])
+        return (run_name(v, L, w), model_overrides(L, w, v) + list(QUICK_TIMED if quick else TIMED) + [f"train.batch_size={w['batch'] * (2 if v == 'mb2' else 1)}", *variants[v]])
 
     def of(compiled):
         return [run(v, L, w) for w in widths(quick) for v in variants if ("model.compile=true" in variants[v]) == compiled for L in DEPTHS]
@@ -137,6 +151,24 @@ def host_times(rows: list[dict]) -> dict[str, float]:
     return {name: statistics.median(times) for name, times in rounds.items()}
 
 
+def step_times(rows: list[dict]) -> dict[str, float]:
+    """The runs' seconds per step (the GPU's, as the trainer times it), by run name, as host_times."""
+    return host_times([{"config": r["config"], "host_step_s": r["step_time_s"]} for r in rows])
+
+
+def fit_slowest_host(sections: list[dict]) -> float:
+    """How much later than rank 0's host a host-bound step ends, as a ratio: each FSDP collective waits
+    for the last rank to issue it, so a step follows the slowest of the ranks' hosts, where the host time
+    timed is rank 0's. The median over the narrowest width's eager runs (widths() first: its block's
+    kernels take a fraction of its host time, so the step waits for the host) of their step over their
+    host time; 1 where the section stored no step times."""
+    narrow = min(sections, key=lambda w: w["dim"])
+    steps, hosts = narrow.get("measured_step_s", {}), narrow["measured_host_step_s"]
+    eager = [name for name in steps if name in hosts and "model.compile=true" not in VARIANTS.get(name.rsplit(" ", 1)[0], ())]
+    ratios = [steps[name] / hosts[name] for name in eager]
+    return statistics.median(ratios) if ratios else 1.0
+
+
 @dataclass(frozen=True)
 class Counts:
     """What the plan's trace of the host model counts per microbatch (forward and backward)."""
@@ -145,6 +177,7 @@ class Counts:
     kernels: int  # matmul and attention calls
     ac_ops: int  # ops dispatched with every block checkpointed (its recomputed forward included)
     ac_kernels: int  # ... and matmul and attention calls
+    hf_ops: int = 0  # ops dispatched by the host model as an HF Llama (the `hf` run); 0: not traced
 
 
 def traced_counts(width: dict) -> dict[int, Counts]:
@@ -157,8 +190,13 @@ def traced_counts(width: dict) -> dict[int, Counts]:
         run = run_of(model_overrides(L, width))
         t = trace_step(run, layers=L, batch=1, ac="none")
         ac = trace_step(run, layers=L, batch=1, ac="full")
-        out[L] = Counts(t.host_ops["fwd"] + t.host_ops["bwd"], _kernels(t), ac.host_ops["fwd"] + ac.host_ops["bwd"], _kernels(ac))
+        hf = trace_step(run_of(model_overrides(L, width, "hf")), layers=L, batch=1, ac="none")
+        out[L] = Counts(_ops(t), _kernels(t), _ops(ac), _kernels(ac), _ops(hf))
     return out
+
+
+def _ops(trace) -> int:
+    return trace.host_ops["fwd"] + trace.host_ops["bwd"]
 
 
 def _kernels(trace) -> int:
@@ -179,8 +217,18 @@ def fit_host(host_s: dict[str, float], counts: dict[int, Counts]) -> dict:
     def per_block(v):
         return (host_s[f"{v} {hi}"] - host_s[f"{v} {lo}"]) / blocks
 
+    # The model's ops outside its blocks (embedding, output, loss) at the lab block's mean cost per op.
+    # A block's host time: block_s + its ops x block_op_s. Two op mixes of one block's kernels (the
+    # lab's and HF's) tell the two apart, kept within what can be (each at least 0); with the lab's
+    # alone, all per op.
     op_s = per_block("eager") / ops_block
-    out = {"op_s": op_s, "step_s": max(host_s[f"eager {lo}"] - counts[lo].ops * op_s, 0.0)}
+    block_op_s, block_s = op_s, 0.0
+    if "hf 2" in host_s and counts[hi].hf_ops:
+        hf_ops_block = (counts[hi].hf_ops - counts[lo].hf_ops) / blocks
+        block_op_s = min(max((per_block("hf") - per_block("eager")) / (hf_ops_block - ops_block), 0.0), op_s)
+        block_s = per_block("eager") - ops_block * block_op_s
+    out = {"op_s": op_s, "block_op_s": block_op_s, "block_s": block_s,
+           "step_s": max(host_s[f"eager {lo}"] - counts[lo].ops * op_s, 0.0)}
     if "tp 2" in host_s:
         out["tp_kernel_s"] = max((per_block("tp") - per_block("eager")) / kernels_block, 0.0)
         tp_fixed = host_s[f"tp {lo}"] - lo * per_block("tp") - rest_ops * op_s - rest_kernels * out["tp_kernel_s"]
@@ -191,7 +239,7 @@ def fit_host(host_s: dict[str, float], counts: dict[int, Counts]) -> dict:
         out["microbatch_block_s"] = max(per_block("mb2") - 2 * per_block("eager"), 0.0)
         out["microbatch_rest_s"] = max(host_s[f"mb2 {lo}"] - lo * per_block("mb2") - 2 * rest_ops * op_s - out["step_s"], 0.0)
     if "ac 2" in host_s:  # a checkpointed block beyond its ops, the recomputed forward's among them
-        out["ac_block_s"] = max(per_block("ac") - ac_ops_block * op_s, 0.0)
+        out["ac_block_s"] = max(per_block("ac") - block_s - ac_ops_block * block_op_s, 0.0)
     if "tp ac 2" in host_s:  # a checkpointed block under TP beyond a checkpointed block and TP's kernels in it
         out["tp_ac_block_s"] = max(per_block("tp ac") - per_block("ac") - ac_kernels_block * out["tp_kernel_s"], 0.0)
     # A unit of two blocks issues half the collectives of two units of one (CALIBRATED_COLLECTIVES_PER_BLOCK
@@ -208,7 +256,8 @@ def fit_host(host_s: dict[str, float], counts: dict[int, Counts]) -> dict:
     out["compiled_step_s"] = max(compiled_fixed - out["step_s"], 0.0)
     out["measured_host_step_s"] = host_s
     out["traced"] = {"ops_per_block": ops_block, "kernels_per_block": kernels_block, "rest_ops": rest_ops, "rest_kernels": rest_kernels,
-                     "ac_ops_per_block": ac_ops_block, "ac_kernels_per_block": ac_kernels_block}
+                     "ac_ops_per_block": ac_ops_block, "ac_kernels_per_block": ac_kernels_block,
+                     "hf_ops_per_block": (counts[hi].hf_ops - counts[lo].hf_ops) / blocks}
     return out
 
 
@@ -223,15 +272,25 @@ def width_kernel_s(width: dict, device) -> float:
     return kernel_s(block["fwd"])
 
 
-def fit_widths(host_s: dict[str, float], device, quick: bool = False) -> list[dict]:
+def fit_widths(host_s: dict[str, float], device, quick: bool = False, step_s: dict[str, float] | None = None) -> list[dict]:
     """A section per width (fit_host of its runs, from `host_s` by run name), with the width and its
-    block's kernel_s on `device` (the table's kernel sections), as host_figures reads them, and the
-    torch whose trace counted the ops."""
+    block's kernel_s on `device` (the table's kernel sections), as host_figures reads them, the torch
+    whose trace counted the ops, and the runs' step times (`step_s`, by run name) where given."""
     from fsdp_lab.plan.trace import traced_on
 
     out = []
     for w in widths(quick):
         suffix = at_width(w)
-        own = {name.removesuffix(suffix): s for name, s in host_s.items() if name.endswith(suffix)}
-        out.append({**fit_host(own, traced_counts(w)), "dim": w["dim"], "block_kernel_s": width_kernel_s(w, device), "traced_on": traced_on()})
+
+        def own(times):
+            return {name.removesuffix(suffix): s for name, s in times.items() if name.endswith(suffix)}
+        steps = {"measured_step_s": own(step_s)} if step_s else {}
+        out.append({**fit_host(own(host_s), traced_counts(w)), **steps, "dim": w["dim"], "block_kernel_s": width_kernel_s(w, device),
+                    "traced_on": traced_on()})
     return out
+
+
+def fit_section(host_s: dict[str, float], device, quick: bool = False, step_s: dict[str, float] | None = None) -> dict:
+    """A rank count's host section: its widths (fit_widths) and, beside them, slowest_host."""
+    sections = fit_widths(host_s, device, quick, step_s)
+    return {"widths": sections, "slowest_host": fit_slowest_host(sections)}

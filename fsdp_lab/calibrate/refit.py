@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from fsdp_lab.plan.device import Device
 from fsdp_lab.calibrate.elementwise import fit_elementwise
-from fsdp_lab.calibrate.host import at_width, fit_widths, widths
+from fsdp_lab.calibrate.host import at_width, fit_section, widths
 
 
 def refit(table: dict) -> dict:
@@ -42,5 +42,6 @@ def _refit_host(section: dict, device: Device) -> dict:
     stored = sorted(w["dim"] for w in section["widths"])
     if stored != sorted(w["dim"] for w in widths()):
         raise ValueError(f"host widths {stored} are not the calibration's {[w['dim'] for w in widths()]}: measure them again")
-    host_s = {run + at_width(w): s for w in section["widths"] for run, s in w["measured_host_step_s"].items()}
-    return {**section, "widths": fit_widths(host_s, device)}
+    def stored(key):
+        return {run + at_width(w): s for w in section["widths"] for run, s in w.get(key, {}).items()}
+    return {**section, **fit_section(stored("measured_host_step_s"), device, step_s=stored("measured_step_s"))}

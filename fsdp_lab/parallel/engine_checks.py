@@ -16,6 +16,7 @@ ENGINE_KNOBS = {
     "cpu_offload": ("fsdp2", "fsdp1"),
     "forward_prefetch": ("fsdp2", "fsdp1"),
     "backward_prefetch": ("fsdp2",),
+    "root_backward_prefetch": ("fsdp2",),
     "cast_forward_inputs": ("fsdp2",),
     "post_optim_event": ("fsdp2",),
     "cast_after_sharding": ("fsdp2",),

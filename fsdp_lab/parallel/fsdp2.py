@@ -41,6 +41,9 @@ def apply_fsdp2(model: nn.Module, mesh, groups: list[list[nn.Module]], cfg: FSDP
     fully_shard(model, **{**kwargs, "mp_policy": mp_policy})  # the root casts the model's inputs
     # A group's modules share one FSDP state: prefetching its first prefetches the group.
     _set_explicit_prefetch([group[0] for group in groups], cfg.forward_prefetch, cfg.backward_prefetch)
+    if not cfg.root_backward_prefetch:
+        # An empty list keeps FSDP2's implicit prefetch; the root itself, gathered already, replaces it.
+        model.set_modules_to_backward_prefetch([model])
     log.info("fsdp2: %d units + root on mesh %s, reshard_after_forward=%s", len(groups), mesh, cfg.reshard_after_forward)
     return model
 

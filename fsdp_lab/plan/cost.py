@@ -232,10 +232,17 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     tp_ar = device.collective_s("all_reduce", block["fwd"].hidden_bytes, tp_size, tp_inter) if tp > 1 else 0.0
     tp_host = host.get("tp_kernel_s", 0.0) if tp > 1 else 0.0  # absent: measured without TP (one GPU)
 
+    block_ops = block["fwd"].host_ops + block["bwd"].host_ops
+
     def issue(p: Parts, in_block: bool) -> float:
-        """Host seconds to issue p: compiled blocks a call per kernel (DTensor's dispatch traced away)."""
+        """Host seconds to issue p: compiled blocks a call per kernel (DTensor's dispatch traced away);
+        an eager block's pass its ops at the table's cost per block op and its share (by ops) of the
+        seconds per block (absent: every op at the mean cost per op, nothing per block)."""
         if in_block and layout.compile:
             return p.kernels * host["compiled_kernel_s"]
+        if in_block:
+            per_block = host.get("block_s", 0.0) * p.host_ops / block_ops if block_ops else 0.0
+            return p.host_ops * host.get("block_op_s", host["op_s"]) + p.kernels * tp_host + per_block
         return p.host_ops * host["op_s"] + p.kernels * tp_host
 
     # A checkpointed block's backward: its recomputed ops are in the trace; checkpoint's own host work
@@ -282,8 +289,12 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     per_collective = host.get("fsdp_compiled_collective_s" if layout.compile else "fsdp_collective_s", 0.0)
     fwd_hooks = per_collective * (1 - g)
     bwd_hooks = per_collective * ((2 if layout.reshard else 1) - (CALIBRATED_COLLECTIVES_PER_BLOCK - 1) * g)
+    # Each FSDP collective waits for the last rank to issue it, so the ranks' GPUs follow the slowest
+    # rank's host, where the table timed rank 0's: its host work at the table's ratio of the two
+    # (slowest_host; absent or one rank: 1).
+    lag = host.get("slowest_host", 1.0) if layout.world > 1 else 1.0
     mb = _simulate(L // g, _times(fwd_b, g, fwd_hooks), _times(bwd_b, g, bwd_hooks), fwd_r, bwd_r,
-                   gather(g * unit), reduce(g * unit), gather(root), reduce(root), layout.reshard)
+                   gather(g * unit), reduce(g * unit), gather(root), reduce(root), layout.reshard, lag)
     per_mb = max(mb["gpu"], mb["host"])
     if layout.pp > 1:
         p2p = device.collective_s("all_gather", 2 * block["fwd"].hidden_bytes, 2, pp_inter)
@@ -301,13 +312,13 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     step_host = host["step_s"] + (host.get("tp_step_s", 0.0) if tp > 1 else 0.0) + (host["compiled_step_s"] if layout.compile else 0.0)
     # Each microbatch after the first adds gradient accumulation's host work (absent: not calibrated).
     accumulate = (layout.microbatches - 1) * (L * host.get("microbatch_block_s", 0.0) + host.get("microbatch_rest_s", 0.0))
-    host_s = layout.microbatches * mb["host"] + accumulate + step_host
+    host_s = layout.microbatches * mb["host"] + (accumulate + step_host) * lag
     # The optimizer's kernels run once the GPU has done the backward and the host has launched them,
     # near the end of its step work: a host-bound step ends the optimizer's time after the host.
     step = max(passes, host_s) + optimizer
     # Host-bound: the GPU waits for the host a tenth of the time or more, or the host's work sets the step.
     host_bound = mb["idle"] > 0.1 * mb["gpu"] or host_s > passes
-    return {"step_time_s": step, "gpu_s": mb["gpu"], "host_s": host_s, "comm_s": mb["comm"],
+    return {"step_time_s": step, "gpu_s": mb["gpu"], "host_s": host_s / lag, "comm_s": mb["comm"],
             "optimizer_s": optimizer, "host_bound": host_bound}
 
 
@@ -316,17 +327,18 @@ def _times(work: Work, n: int, unit_host: float) -> Work:
     return Work(work.gpu * n, max(work.host * n + unit_host, 0.0))
 
 
-def _simulate(L: int, fb: Work, bb: Work, fr: Work, br: Work, ag, rs, ag_root, rs_root, reshard) -> dict[str, float]:
+def _simulate(L: int, fb: Work, bb: Work, fr: Work, br: Work, ag, rs, ag_root, rs_root, reshard, lag: float = 1.0) -> dict[str, float]:
     """One microbatch's forward and backward on a compute stream, a comm stream and the host: FSDP2
     all-gathers a unit one ahead of its compute (two in flight at most, issued no earlier than the
     host reaches it) and reduce-scatters it after its backward; a unit's compute ends no earlier than
-    the host has issued it. Returns the GPU's end, the host's end, the comm stream's busy seconds and
-    the compute stream's seconds spent waiting for the host."""
+    the host has issued it, the host taking `lag` times its work (the slowest rank's). Returns the GPU's
+    end, the host's end, the comm stream's busy seconds and the compute stream's seconds spent waiting
+    for the host."""
     s = {"host": 0.0, "idle": 0.0}
 
     def run(t: float, work: Work) -> float:
         """The compute stream, free at t, runs work once the host has issued it."""
-        s["host"] += work.host
+        s["host"] += work.host * lag
         end = t + work.gpu
         s["idle"] += max(s["host"] - end, 0.0)
         return max(end, s["host"])
