@@ -20,8 +20,8 @@ compiled as well, beyond its compiled kernels. A run with two blocks to an FSDP 
 host work per collective (the others run one block to a unit: three collectives a block), eager and
 compiled. An HF Llama of the same sizes (model=hf) dispatches half as many ops again per block (HF's
 RMSNorm, rotary and SwiGLU as PyTorch ops where the lab fuses them), so the two blocks split a
-block's host time into a part per op and a part per block (module calls, FSDP's hooks, the lab's
-Triton launches): what any model's block costs from the ops its trace counts. Each run's step time
+block's host time into a part per op and a part per block (module calls, hooks): what any model's
+block costs from the ops its trace counts. Each run's step time
 beside its host's gives how much later than rank 0's host the slowest rank's ends a host-bound step
 (slowest_host). None of it comes from the configurations the plan is checked against.
 
@@ -29,6 +29,7 @@ The plan reads the fitted widths by fsdp_lab/plan/host.py (host_figures)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 from collections import Counter
@@ -76,8 +77,8 @@ VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true"
             # (fsdp_collective_s), eager and compiled; on 4xH100 (2026-11-26) four blocks to a unit
             # issued an eager 1b step in 58 ms against 105 ms at one
             "group2": ("wrap.group=2",), "group2 compiled": ("wrap.group=2", "model.compile=true"),
-            # the host model as an HF Llama (HF_HOST_MODEL): on 4xH100 (2026-11-26) an HF 1b block issued
-            # its 1.5x ops in 1.2x the lab block's host time, which one cost per op priced 1.5x
+            # the host model as an HF Llama (HF_HOST_MODEL): in the 4xH100 accuracy set an HF 1b step's host
+            # took 1.19x the lab's for 1.5x the ops a block, which one cost per op priced 1.5x
             "hf": ()}
 MODELS = {"hf": HF_HOST_MODEL}  # a variant's model where it is not HOST_MODEL
 
@@ -180,18 +181,27 @@ class Counts:
     hf_ops: int = 0  # ops dispatched by the host model as an HF Llama (the `hf` run); 0: not traced
 
 
-def traced_counts(width: dict) -> dict[int, Counts]:
-    """The plan's trace of the host model at each depth (the same trace the cost model reads)."""
+def traced_counts(width: dict, hf: bool = False) -> dict[int, Counts]:
+    """The plan's trace of the host model at each depth (the same trace the cost model reads); with
+    `hf`, its HF Llama's too (Counts.hf_ops, for the calibrations that timed the `hf` run)."""
+    return _traced_counts(tuple(sorted(width.items())), hf)
+
+
+@functools.lru_cache(maxsize=None)
+def _traced_counts(width_items: tuple, hf: bool) -> dict[int, Counts]:
+    """traced_counts, once per width in a process: a table's host sections (one per rank count) share
+    their widths, and each width's traces take seconds."""
     from fsdp_lab.plan.predict import run_of
     from fsdp_lab.plan.trace import trace_step
 
+    width = dict(width_items)
     out = {}
     for L in DEPTHS:
         run = run_of(model_overrides(L, width))
         t = trace_step(run, layers=L, batch=1, ac="none")
         ac = trace_step(run, layers=L, batch=1, ac="full")
-        hf = trace_step(run_of(model_overrides(L, width, "hf")), layers=L, batch=1, ac="none")
-        out[L] = Counts(_ops(t), _kernels(t), _ops(ac), _kernels(ac), _ops(hf))
+        hf_ops = _ops(trace_step(run_of(model_overrides(L, width, "hf")), layers=L, batch=1, ac="none")) if hf else 0
+        out[L] = Counts(_ops(t), _kernels(t), _ops(ac), _kernels(ac), hf_ops)
     return out
 
 
@@ -284,9 +294,10 @@ def fit_widths(host_s: dict[str, float], device, quick: bool = False, step_s: di
 
         def own(times):
             return {name.removesuffix(suffix): s for name, s in times.items() if name.endswith(suffix)}
+        timed = own(host_s)
+        counts = traced_counts(w, hf=f"hf {DEPTHS[0]}" in timed)
         steps = {"measured_step_s": own(step_s)} if step_s else {}
-        out.append({**fit_host(own(host_s), traced_counts(w)), **steps, "dim": w["dim"], "block_kernel_s": width_kernel_s(w, device),
-                    "traced_on": traced_on()})
+        out.append({**fit_host(timed, counts), **steps, "dim": w["dim"], "block_kernel_s": width_kernel_s(w, device), "traced_on": traced_on()})
     return out
 
 
