@@ -6,7 +6,7 @@ What calibrate_device.py fits divides a measured time by what the plan's trace c
 the host's seconds per op (each width's run times over the ops its model traces) and a block's
 `eager_factor` (its measured elementwise time over the pricing of its traced ops). Both halves must
 come from one version of the trace, or a prediction carries the difference; the measurements (the
-runs' host times, the blocks' device times, the kernel sections) stay as measured."""
+runs' host and step times, the blocks' device times, the kernel sections) stay as measured."""
 
 from __future__ import annotations
 
@@ -42,6 +42,6 @@ def _refit_host(section: dict, device: Device) -> dict:
     stored = sorted(w["dim"] for w in section["widths"])
     if stored != sorted(w["dim"] for w in widths()):
         raise ValueError(f"host widths {stored} are not the calibration's {[w['dim'] for w in widths()]}: measure them again")
-    def stored(key):
-        return {run + at_width(w): s for w in section["widths"] for run, s in w.get(key, {}).items()}
-    return {**section, **fit_section(stored("measured_host_step_s"), device, step_s=stored("measured_step_s"))}
+    def by_run(measured):  # a width's stored times by run name, as the calibration timed them
+        return {run + at_width(w): s for w in section["widths"] for run, s in w.get(measured, {}).items()}
+    return {**section, **fit_section(by_run("measured_host_step_s"), device, step_s=by_run("measured_step_s"))}
