@@ -6,7 +6,6 @@ import contextlib
 import functools
 import logging
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -92,17 +91,16 @@ def _rank_store_dir():
     can take before rank 0 listens on it (EADDRINUSE, seen with this suite's two workers launching
     runs side by side), and ranks meeting on the agent's own store hung at their rendezvous in this
     suite. The setting holds for this launch only; the directory goes with it."""
-    store_dir = tempfile.mkdtemp(prefix="fsdp_lab-ranks-")
     before = os.environ.get(RANK_STORE_DIR)
-    os.environ[RANK_STORE_DIR] = store_dir
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(RANK_STORE_DIR, None)
-        else:
-            os.environ[RANK_STORE_DIR] = before
-        shutil.rmtree(store_dir, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="fsdp_lab-ranks-", ignore_cleanup_errors=True) as store_dir:
+        os.environ[RANK_STORE_DIR] = store_dir
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(RANK_STORE_DIR, None)
+            else:
+                os.environ[RANK_STORE_DIR] = before
 
 
 def launch(entry, args: tuple, *, n: int, run_dir: Path, max_restarts: int, start_method: str) -> None:

@@ -83,6 +83,11 @@ VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true"
 MODELS = {"hf": HF_HOST_MODEL}  # a variant's model where it is not HOST_MODEL
 
 
+def compiled(variant: str) -> bool:
+    """A compiled variant: compiled anew at each run, so timed once, and never host-bound at its block."""
+    return "model.compile=true" in VARIANTS[variant]
+
+
 def widths(quick: bool = False) -> tuple[dict, ...]:
     return WIDTHS["quick" if quick else "device"]
 
@@ -110,8 +115,8 @@ def host_runs(world_size: int, quick: bool = False) -> list[tuple[str, list[str]
     def run(v, L, w):
         return (run_name(v, L, w), model_overrides(L, w, v) + list(QUICK_TIMED if quick else TIMED) + [f"train.batch_size={w['batch'] * (2 if v == 'mb2' else 1)}", *variants[v]])
 
-    def of(compiled):
-        return [run(v, L, w) for w in widths(quick) for v in variants if ("model.compile=true" in variants[v]) == compiled for L in DEPTHS]
+    def of(compiled_runs):
+        return [run(v, L, w) for w in widths(quick) for v in variants if compiled(v) == compiled_runs for L in DEPTHS]
 
     return of(False) * (1 if quick else ROUNDS) + of(True)
 
@@ -146,26 +151,30 @@ def runs_left(runs: list[tuple[str, list[str]]], done: list[dict]) -> list[tuple
 def host_times(rows: list[dict]) -> dict[str, float]:
     """The host's seconds per step by run name from the timed runs' rows (runs_in_ranks): a run timed
     in several rounds, the median of its rounds."""
-    rounds: dict[str, list[float]] = {}
-    for r in rows:
-        rounds.setdefault(r["config"], []).append(r["host_step_s"])
-    return {name: statistics.median(times) for name, times in rounds.items()}
+    return _medians(rows, "host_step_s")
 
 
 def step_times(rows: list[dict]) -> dict[str, float]:
     """The runs' seconds per step (the GPU's, as the trainer times it), by run name, as host_times."""
-    return host_times([{"config": r["config"], "host_step_s": r["step_time_s"]} for r in rows])
+    return _medians(rows, "step_time_s")
+
+
+def _medians(rows: list[dict], key: str) -> dict[str, float]:
+    rounds: dict[str, list[float]] = {}
+    for r in rows:
+        rounds.setdefault(r["config"], []).append(r[key])
+    return {name: statistics.median(times) for name, times in rounds.items()}
 
 
 def fit_slowest_host(sections: list[dict]) -> float:
     """How much later than rank 0's host a host-bound step ends, as a ratio: each FSDP collective waits
     for the last rank to issue it, so a step follows the slowest of the ranks' hosts, where the host time
-    timed is rank 0's. The median over the narrowest width's eager runs (widths() first: its block's
-    kernels take a fraction of its host time, so the step waits for the host) of their step over their
-    host time; 1 where the section stored no step times."""
+    timed is rank 0's. The median over the narrowest width's eager runs (its block's kernels take a
+    fraction of its host time, so the step waits for the host) of their step over their host time; 1
+    where the section stored no step times."""
     narrow = min(sections, key=lambda w: w["dim"])
     steps, hosts = narrow.get("measured_step_s", {}), narrow["measured_host_step_s"]
-    eager = [name for name in steps if name in hosts and "model.compile=true" not in VARIANTS.get(name.rsplit(" ", 1)[0], ())]
+    eager = [name for name in steps if name in hosts and not compiled(name.rsplit(" ", 1)[0])]  # "<variant> <blocks>"
     ratios = [steps[name] / hosts[name] for name in eager]
     return statistics.median(ratios) if ratios else 1.0
 
