@@ -51,6 +51,7 @@ CONFIGS = {  # eager first, then compiled: a run cut off by a time limit keeps t
     "1b tp2d": (LLAMA_1B, "tp2d", ("train.batch_size=8",)),
     "1b hsdp": (LLAMA_1B, "hsdp", ()),
     "1b fsdp ac": (LLAMA_1B, "fsdp", ("ac=full",)),
+    "1b fsdp sel-op": (LLAMA_1B, "fsdp", ("ac=selective", "ac.selective=op", "ac.every=1")),
     "150m tp2d": (LLAMA_150M, "tp2d", ("train.batch_size=8",)),
     "150m hsdp ac": (LLAMA_150M, "hsdp", ("ac=full",)),
     "150m fsdp ac": (LLAMA_150M, "fsdp", ("ac=full",)),

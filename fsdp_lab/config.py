@@ -364,7 +364,8 @@ class PlanConfig:
     gpus: int = bounded(8, ge=1)
     """GPUs to plan for (the world size of every candidate)."""
     gpus_per_node: int = bounded(8, ge=1)
-    """GPUs per node: tensor parallelism stays within a node; collectives across nodes use the network."""
+    """GPUs per node: tensor parallelism stays within a node; collectives across nodes use the network.
+    plan.gpus below it plan one node of plan.gpus GPUs."""
     device: str = choice("h100-80gb", "auto", "h100-80gb", "h200")
     """Device table (fsdp_lab/plan/devices/<device>.json): speeds, links, memory; auto = the table of
     the GPU in hand (refused where none is visible or it has no table)."""

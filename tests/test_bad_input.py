@@ -72,7 +72,7 @@ CATALOGUE = [
     ("+experiment=torch_fine_tune wrap=block", "error: model.freeze=in_proj with mesh.engine=fsdp1 and fsdp.use_orig_params=false: FSDP units layers.0, layers.1, layers.2 mix frozen and trainable parameters in one flat parameter; allowed: fsdp.use_orig_params=true, a wrap.policy giving frozen parameters their own units (e.g. linear), or a pattern freezing whole units"),
     ("checks=[parity_okay]", "error: checks=parity_okay: allowed are parity_ok, frozen_unchanged, phases_stable, optimizer_state_in_first_step, tracker_categories_sum_to_peak, tracker_accuracy, resumed, all_gather_per_step:N, reduce_scatter_per_step:N, all_reduce_per_step:N"),
     ("mode=estimate", "error: mesh.dp_shard=-1: mode=estimate needs the world size; set mesh.dp_shard=N or mesh.world_size=N"),
-    ("mode=plan plan.gpus=12", "error: plan.gpus=12: must be a multiple of plan.gpus_per_node=8 (whole nodes)"),
+    ("mode=plan plan.gpus=12", "error: plan.gpus=12: must be at most or a multiple of plan.gpus_per_node=8 (whole nodes)"),
     ("mode=plan plan.device=a100", "error: plan.device=a100: allowed are auto, h100-80gb, h200"),
     ("mode=plan plan.global_batch_tokens=4Q", "error: plan.global_batch_tokens=4Q: an integer, or one with a K, M or G suffix (4M)"),
     ("mode=estimate mesh.engine=ddp mesh.world_size=8", "error: mesh.engine=ddp: mode=estimate cannot predict this; allowed: fsdp2 (FSDPMemTracker follows fully_shard only)"),

@@ -19,7 +19,7 @@ from fsdp_lab.models.depth import blocks_kept
 from fsdp_lab.plan.device import load_device, memory_gib, plan_device
 from fsdp_lab.plan.fits import estimated_peak_mib, needed_mib, rule
 from fsdp_lab.plan.predict import Predictor, layout_of, traced_shapes
-from fsdp_lab.plan.run import best_fitting_layout, plan, render
+from fsdp_lab.plan.run import best_fitting_layout, gpus_per_node, plan, render
 from fsdp_lab.plan.search import Candidate, _verify
 from fsdp_lab.plan.trace import model_facts
 from fsdp_lab.plan.validate_runs import summarise
@@ -37,7 +37,8 @@ MODELS = {
                "+model.build.n_layer=5", "model.blocks=blocks", "model.vocab_size=64"],
 }
 BLOCKS = {"llama": 6, "gpt2": 5, "custom": 5}
-SMALL_PLAN = ["mode=plan", "plan.gpus=4", "plan.gpus_per_node=4", "plan.device=h100-80gb", "plan.top=4", "plan.max_microbatches=2",
+# 4 GPUs at the default 8 a node: planned as one node of 4.
+SMALL_PLAN = ["mode=plan", "plan.gpus=4", "plan.device=h100-80gb", "plan.top=4", "plan.max_microbatches=2",
               "plan.search_compile=false", "train.seq_len=16", "train.batch_size=2", "logger=none"]
 
 
@@ -65,6 +66,7 @@ def _check_planned(name, run, candidates, header):
     facts = model_facts(run)
     model = build_meta(run.model)
     assert facts.layers == BLOCKS[name] == len(model.blocks) == header["blocks"]
+    assert header["gpus_per_node"] == 4
     assert facts.block_params == sum(p.numel() for b in model.blocks for p in b.parameters())
     assert facts.block_params + facts.other_params == sum(p.numel() for p in model.parameters())
     shown = _shown_fitting(candidates, run.plan.top)
@@ -84,6 +86,13 @@ def test_an_hf_llama_is_planned_from_its_blocks(llama_plan):
 def test_gpt2_and_a_custom_model_are_planned_from_their_blocks(name):
     run = compose_run(*MODELS[name], *SMALL_PLAN, "plan.top=2", "plan.max_microbatches=1")
     _check_planned(name, run, *plan(run))
+
+
+def test_fewer_gpus_than_a_node_are_planned_as_one_node_of_them():
+    run, _ = prepared("mode=plan", "plan.gpus=4")  # the default 8 a node: refused before as not whole nodes
+    assert (run.plan.gpus_per_node, gpus_per_node(run.plan)) == (8, 4)
+    with pytest.raises(ConfigError, match="plan.gpus=12: must be at most or a multiple of plan.gpus_per_node=8"):
+        prepared("mode=plan", "plan.gpus=12")
 
 
 def test_a_model_built_at_fewer_blocks_keeps_its_first_blocks():

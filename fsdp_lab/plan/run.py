@@ -37,8 +37,8 @@ def global_batch_tokens(value) -> int | None:
 def check_plan(run: RunConfig) -> None:
     """Plan inputs the schema cannot check, refused before anything runs."""
     p = run.plan
-    if p.gpus % p.gpus_per_node:
-        raise ConfigError(f"plan.gpus={p.gpus}: must be a multiple of plan.gpus_per_node={p.gpus_per_node} (whole nodes)")
+    if p.gpus > p.gpus_per_node and p.gpus % p.gpus_per_node:
+        raise ConfigError(f"plan.gpus={p.gpus}: must be at most or a multiple of plan.gpus_per_node={p.gpus_per_node} (whole nodes)")
     tokens = global_batch_tokens(p.global_batch_tokens)
     if tokens is not None and tokens % run.train.seq_len:
         raise ConfigError(f"plan.global_batch_tokens={p.global_batch_tokens}: must be a multiple of train.seq_len={run.train.seq_len}")
@@ -50,6 +50,12 @@ def check_plan(run: RunConfig) -> None:
     model_facts(run)  # a model without blocks is refused before anything runs
 
 
+def gpus_per_node(p) -> int:
+    """The GPUs of one planned node: fewer GPUs than plan.gpus_per_node are one node of plan.gpus
+    (4 GPUs of an 8-GPU node's size plan as the 4-GPU box they are)."""
+    return min(p.gpus, p.gpus_per_node)
+
+
 def samples_per_step(run: RunConfig, tokens_per_sample: int) -> int:
     tokens = global_batch_tokens(run.plan.global_batch_tokens)
     return tokens // tokens_per_sample if tokens is not None else run.train.batch_size * run.plan.gpus
@@ -57,11 +63,11 @@ def samples_per_step(run: RunConfig, tokens_per_sample: int) -> int:
 
 def plan(run: RunConfig, predictor: Predictor | None = None) -> tuple[list[Candidate], dict]:
     """Every candidate, ranked, and what the plan is for. A predictor given keeps the traces it took."""
-    predictor = predictor or Predictor(run, plan_device(run.plan.device, run.plan.inter_node_gbps), run.plan.gpus_per_node)
+    predictor = predictor or Predictor(run, plan_device(run.plan.device, run.plan.inter_node_gbps), gpus_per_node(run.plan))
     facts, device = predictor.facts, predictor.device
     samples = samples_per_step(run, facts.tokens_per_sample)
     candidates = rank(run, predictor, samples, facts.flops_per_token)
-    header = {"gpus": run.plan.gpus, "gpus_per_node": run.plan.gpus_per_node, "device": device.name,
+    header = {"gpus": run.plan.gpus, "gpus_per_node": gpus_per_node(run.plan), "device": device.name,
               "device_source": device.table["source"], "samples_per_step": samples,
               "tokens_per_step": samples * facts.tokens_per_sample,
               "params": facts.block_params + facts.other_params, "blocks": facts.layers,
