@@ -9,7 +9,7 @@ import re
 import shlex
 from pathlib import Path
 
-from fsdp_lab.config import ConfigError, RunConfig
+from fsdp_lab.config import ConfigError, PlanConfig, RunConfig
 from fsdp_lab.mesh import MESH_DIM_NAMES
 from fsdp_lab.plan.device import plan_device
 from fsdp_lab.plan.fits import rule
@@ -50,7 +50,7 @@ def check_plan(run: RunConfig) -> None:
     model_facts(run)  # a model without blocks is refused before anything runs
 
 
-def gpus_per_node(p) -> int:
+def gpus_per_node(p: PlanConfig) -> int:
     """The GPUs of one planned node: fewer GPUs than plan.gpus_per_node are one node of plan.gpus
     (4 GPUs of an 8-GPU node's size plan as the 4-GPU box they are)."""
     return min(p.gpus, p.gpus_per_node)
