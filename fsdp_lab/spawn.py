@@ -87,10 +87,11 @@ def _with_launch_threads(entry):
 @contextlib.contextmanager
 def _rank_store_dir():
     """The ranks of this launch meet on a FileStore in a directory of its own (fsdp_lab.dist.rank_store),
-    not on a TCP store: elastic gives the ranks a port it found free and let go, which another process
-    can take before rank 0 listens on it (EADDRINUSE, seen with this suite's two workers launching
-    runs side by side), and ranks meeting on the agent's own store hung at their rendezvous in this
-    suite. The setting holds for this launch only; the directory goes with it."""
+    not on a TCP store: the static rendezvous gives the ranks no port (MASTER_PORT=0); the dynamic one
+    gave them a port it found free and let go, which another process can take before rank 0 listens on
+    it (EADDRINUSE, seen with this suite's two workers launching runs side by side); and ranks meeting
+    on the agent's own store hung at their rendezvous in this suite. The setting holds for this launch
+    only; the directory goes with it."""
     before = os.environ.get(RANK_STORE_DIR)
     with tempfile.TemporaryDirectory(prefix="fsdp_lab-ranks-", ignore_cleanup_errors=True) as store_dir:
         os.environ[RANK_STORE_DIR] = store_dir
@@ -107,9 +108,12 @@ def launch(entry, args: tuple, *, n: int, run_dir: Path, max_restarts: int, star
     """`entry(*args)` on `n` local ranks through torch elastic, their output under `run_dir`/logs."""
     # One thread per rank share of the cores; also silences elastic's warning about the default.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    # One node has nothing to rendezvous with: the static rendezvous is elastic's own store on a port
+    # it binds (":0"). The dynamic one (c10d) cost about 0.2 s a launch (it walks the stack for every
+    # event it records), a quarter of a small CPU run. Restarts go through it alike.
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=run_dir.name,
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
+        rdzv_backend="static", rdzv_endpoint="localhost:0", rdzv_configs={"rank": 0}, max_restarts=max_restarts,
         monitor_interval=0.1, start_method=start_method, log_line_prefix_template="[rank${rank}]:",
         # Every rank's output is kept under logs/; rank 0's stdout and all stderr also reach the console.
         logs_specs=DefaultLogsSpecs(

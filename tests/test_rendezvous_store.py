@@ -42,7 +42,8 @@ def meets_and_sums(out: str, fail_first_attempt: bool) -> None:
 
 def launch_with_the_port_taken(run_dir: str, out: str, max_restarts: int) -> None:
     """In the warm process: the race lost on purpose. Every port elastic finds free for the ranks is
-    already listened on by another socket, as when another process took it in between."""
+    already listened on by another socket, as when another process took it in between (the dynamic
+    rendezvous found one; the static one the lab launches with gives none, MASTER_PORT=0)."""
     taken = socket.socket()
     taken.bind(("localhost", 0))
     taken.listen()
