@@ -299,15 +299,17 @@ def fit_widths(host_s: dict[str, float], device, quick: bool = False, step_s: di
 
     out = []
     for w in widths(quick):
-        suffix = at_width(w)
-
-        def own(times):
-            return {name.removesuffix(suffix): s for name, s in times.items() if name.endswith(suffix)}
-        timed = own(host_s)
+        timed = _of_width(host_s, w)
         counts = traced_counts(w, hf=f"hf {DEPTHS[0]}" in timed)
-        steps = {"measured_step_s": own(step_s)} if step_s else {}
+        steps = {"measured_step_s": _of_width(step_s, w)} if step_s else {}
         out.append({**fit_host(timed, counts), **steps, "dim": w["dim"], "block_kernel_s": width_kernel_s(w, device), "traced_on": traced_on()})
     return out
+
+
+def _of_width(times: dict[str, float], width: dict) -> dict[str, float]:
+    """The times of `width`'s runs, by their names without the width (run_name's "<variant> <blocks>")."""
+    suffix = at_width(width)
+    return {name.removesuffix(suffix): t for name, t in times.items() if name.endswith(suffix)}
 
 
 def fit_section(host_s: dict[str, float], device, quick: bool = False, step_s: dict[str, float] | None = None) -> dict:

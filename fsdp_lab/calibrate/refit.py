@@ -42,6 +42,7 @@ def _refit_host(section: dict, device: Device) -> dict:
     stored = sorted(w["dim"] for w in section["widths"])
     if stored != sorted(w["dim"] for w in widths()):
         raise ValueError(f"host widths {stored} are not the calibration's {[w['dim'] for w in widths()]}: measure them again")
+
     def by_run(measured):  # a width's stored times by run name, as the calibration timed them
         return {run + at_width(w): s for w in section["widths"] for run, s in w.get(measured, {}).items()}
     return {**section, **fit_section(by_run("measured_host_step_s"), device, step_s=by_run("measured_step_s"))}

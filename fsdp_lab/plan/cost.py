@@ -240,10 +240,11 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
         seconds per block (absent: every op at the mean cost per op, nothing per block)."""
         if in_block and layout.compile:
             return p.kernels * host["compiled_kernel_s"]
+        op_s, per_block = host["op_s"], 0.0
         if in_block:
+            op_s = host.get("block_op_s", op_s)
             per_block = host.get("block_s", 0.0) * p.host_ops / block_ops if block_ops else 0.0
-            return p.host_ops * host.get("block_op_s", host["op_s"]) + p.kernels * tp_host + per_block
-        return p.host_ops * host["op_s"] + p.kernels * tp_host
+        return p.host_ops * op_s + p.kernels * tp_host + per_block
 
     # A checkpointed block's backward: its recomputed ops are in the trace; checkpoint's own host work
     # is the table's per-block figure, eager or compiled (absent: not calibrated, 0; a table with the
