@@ -17,10 +17,11 @@ from benchmark_scripts import load
 from fsdp_lab.calibrate.host import (DEPTHS, ROUNDS, Counts, fit_host, fit_slowest_host, host_runs, host_times, run_name, runs_left,
                                      step_times, widths)
 from fsdp_lab.compose import compose_run
+from fsdp_lab.config import ACConfig
 from fsdp_lab.plan.cost import COMPILED_ELEMENTWISE, Layout, group_link, price, step_time
 from fsdp_lab.plan.device import Device, load_device
 from fsdp_lab.plan.host import kernel_s
-from fsdp_lab.plan.predict import Predictor
+from fsdp_lab.plan.predict import Predictor, layout_of, op_ac_share, predict_overrides
 from fsdp_lab.plan.run import PLAN_FILE, float8_pricing, plan, run_plan
 from fsdp_lab.plan.fits import estimable, estimated_peak_mib, needed_mib
 from fsdp_lab.plan.search import layouts, meshes, rank
@@ -214,14 +215,14 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
     costs give those costs back (the AC runs' recomputed ops and kernels are in their own counts, so
     not in the per-block figures)."""
     lo, hi = DEPTHS
-    counts = {L: Counts(ops=232 + L * 734, kernels=3 + L * 23, ac_ops=248 + L * 912, ac_kernels=3 + L * 30, hf_ops=300 + L * 1100)
-              for L in DEPTHS}
+    counts = {L: Counts(ops=232 + L * 734, kernels=3 + L * 23, ac_ops=248 + L * 912, ac_kernels=3 + L * 30, hf_ops=300 + L * 1100,
+                        op_ac_ops=240 + L * 820) for L in DEPTHS}
     op_s, step_s, tp_kernel_s, tp_step_s, compiled_kernel_s = 8e-6, 1e-3, 5e-5, 2e-3, 2e-4  # op_s: the lab's mean per op
     # A block's host work beyond its ops, and per op in a block: the lab's and HF's op mixes tell them apart.
     block_s = 2e-3
     block_op_s = op_s - block_s / 734
     microbatch_block_s, microbatch_rest_s, ac_block_s, ac_compiled_block_s = 3e-4, 7e-4, 4e-4, 6e-4
-    tp_compiled_block_s, tp_ac_block_s = 9e-4, 2e-3
+    tp_compiled_block_s, tp_ac_block_s, op_ac_block_s = 9e-4, 2e-3, 3.5e-3
     collective_s, compiled_collective_s = 1.5e-3, 2.5e-3  # per FSDP collective a block's unit issues (3 at one block a unit)
     rest_ops = 232
 
@@ -231,13 +232,14 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
     def compiled(L): return L * 23 * compiled_kernel_s + rest_ops * op_s + step_s
     def mb2(L): return 2 * counts[L].ops * op_s + step_s + L * microbatch_block_s + microbatch_rest_s
     def ac(L): return L * (912 * block_op_s + block_s + ac_block_s) + 248 * op_s + step_s
+    def op_ac(L): return L * (820 * block_op_s + block_s + op_ac_block_s) + 240 * op_s + step_s
     def ac_compiled(L): return L * (30 * compiled_kernel_s + ac_compiled_block_s) + rest_ops * op_s + step_s
     def tp_compiled(L): return compiled(L) + L * tp_compiled_block_s + tp_step_s
     def tp_ac(L): return ac(L) + counts[L].ac_kernels * tp_kernel_s + L * tp_ac_block_s + tp_step_s
     def group2(L): return eager(L) - L * 1.5 * collective_s  # two blocks to a unit: half the collectives
     def group2_compiled(L): return compiled(L) - L * 1.5 * compiled_collective_s
 
-    runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2), ("ac", ac), ("ac compiled", ac_compiled),
+    runs = (("eager", eager), ("tp", tp), ("compiled", compiled), ("mb2", mb2), ("ac", ac), ("ac op", op_ac), ("ac compiled", ac_compiled),
             ("tp compiled", tp_compiled), ("tp ac", tp_ac), ("group2", group2), ("group2 compiled", group2_compiled), ("hf", hf))
     timed = {f"{name} {L}": f(L) for name, f in runs for L in DEPTHS}
     # every run the calibration times is read, at each width
@@ -254,6 +256,7 @@ def test_host_figures_are_recovered_from_the_runs_host_times():
     assert fitted["microbatch_block_s"] == pytest.approx(microbatch_block_s) and fitted["microbatch_rest_s"] == pytest.approx(microbatch_rest_s)
     assert fitted["ac_block_s"] == pytest.approx(ac_block_s)
     assert fitted["ac_compiled_block_s"] == pytest.approx(ac_compiled_block_s)
+    assert fitted["op_ac_block_s"] == pytest.approx(op_ac_block_s)
     assert fitted["tp_compiled_block_s"] == pytest.approx(tp_compiled_block_s) and fitted["tp_ac_block_s"] == pytest.approx(tp_ac_block_s)
     assert not any(name.startswith("tp") for name, _ in host_runs(1)), "TP needs two ranks"
     assert fitted["traced"]["rest_kernels"] == 3 and hi - lo >= 4  # per-block figures over several blocks: noise divided
@@ -390,6 +393,23 @@ def test_an_eager_block_adds_the_tables_seconds_per_block_once_a_pass_compiled_b
         model = predictor.model(ac)
         added = step_time(model, lay, with_block, 8)["host_s"] - step_time(model, lay, without, 8)["host_s"]
         assert added == pytest.approx(0.0 if compiled else 2 * blocks * 1e-3), (ac, compiled)
+
+
+@pytest.mark.slow
+def test_op_level_selective_ac_adds_its_policys_seconds_to_the_blocks_it_checkpoints_eager_only(planned):
+    """op_ac_block_s is added per block and microbatch over the share of blocks the op-level policy
+    checkpoints (every ac.every-th), to eager blocks only: compiled, the policy is traced away."""
+    layout, predictor = one_stage(planned, microbatches=2)
+    without, with_policy = host_figures_as(predictor.device, "op_ac_", {"op_ac_block_s": 1e-3})
+    blocks = predictor.model("none").layers
+    for share, compiled in itertools.product((0.0, 0.5, 1.0), (True, False)):
+        lay = dataclasses.replace(layout, ac="selective", compile=compiled)
+        model = dataclasses.replace(predictor.model("none"), op_ac_share=share)
+        added = step_time(model, lay, with_policy, 8)["host_s"] - step_time(model, lay, without, 8)["host_s"]
+        assert added == pytest.approx(0.0 if compiled else 2 * blocks * share * 1e-3), (share, compiled)
+    ac = ACConfig(mode="selective", selective="op", every=2)
+    assert op_ac_share(ac, "selective") == 0.5 and op_ac_share(ac, "full") == 0.0
+    assert op_ac_share(dataclasses.replace(ac, selective="layer"), "selective") == 0.0
 
 
 @pytest.mark.slow
@@ -607,3 +627,16 @@ def test_a_table_s_timed_optimizer_step_prices_the_optimizer(planned):
     # Clipping adds a read and a write of every local float32 gradient to the timed (unclipped) step.
     clipped = step_time(dataclasses.replace(model, clips=True, _priced={}), layout, timed, 8)
     assert clipped["optimizer_s"] - by_time["optimizer_s"] == pytest.approx(device.memory_s(local_params * 8))
+
+
+def test_predictions_of_one_model_under_other_ac_policies_are_their_own():
+    """predict_overrides shares one model's traces between configurations: one under op-level selective AC
+    after one under layer-level (the same AC mode, another policy) is traced and priced under its own
+    policy, its host the op-level policy's figure over the blocks it checkpoints."""
+    tiny = [*MODEL[:5], "train.seq_len=64", "fsdp.param_dtype=bfloat16", "logger=none", "ac=selective", "ac.every=1"]
+    at = dict(world_size=4, device="h100-80gb", gpus_per_node=4)
+    layer = predict_overrides([*tiny, "ac.selective=layer"], **at)
+    op = predict_overrides([*tiny, "ac.selective=op"], **at)
+    op_alone = Predictor(compose_run(*tiny, "ac.selective=op"), load_device("h100-80gb"), 4)
+    assert op["peak_mib"] == pytest.approx(op_alone.predict(layout_of(op_alone.run, 4))["peak_mib"])
+    assert op["peak_mib"] > layer["peak_mib"] and op["host_s"] > layer["host_s"]

@@ -69,6 +69,9 @@ VARIANTS = {"eager": (), "tp": ("mesh.tp=2",), "compiled": ("model.compile=true"
             "mb2": ("train.microbatches=2",),  # two microbatches of the eager run's samples (the batch doubles)
             "ac": ("ac=full",),  # every block checkpointed, as the plan's AC candidates run
             "ac compiled": ("ac=full", "model.compile=true"),  # ... and compiled, checkpoint inside the compiled block
+            # op-level selective AC: its policy sees every op of a block's forward and of its recompute in
+            # Python; on 4xH100 (2026-11-27) a 1b step under it issued in 170 ms where the op count priced 122
+            "ac op": ("ac=selective", "ac.selective=op", "ac.every=1"),
             # TP's DTensor at a compiled block's edges, and TP under checkpointing: on 2xH100 (2026-11-26) a
             # TP layout compiled, or eager with every block checkpointed, issued its step in 1.8-2.5x what the
             # eager TP figures alone price
@@ -188,16 +191,18 @@ class Counts:
     ac_ops: int  # ops dispatched with every block checkpointed (its recomputed forward included)
     ac_kernels: int  # ... and matmul and attention calls
     hf_ops: int = 0  # ops dispatched by the host model as an HF Llama (the `hf` run); 0: not traced
+    op_ac_ops: int = 0  # ops dispatched with every block under op-level selective AC (the `ac op` run); 0: not traced
 
 
-def traced_counts(width: dict, hf: bool = False) -> dict[int, Counts]:
+def traced_counts(width: dict, hf: bool = False, op_ac: bool = False) -> dict[int, Counts]:
     """The plan's trace of the host model at each depth (the same trace the cost model reads); with
-    `hf`, its HF Llama's too (Counts.hf_ops, for the calibrations that timed the `hf` run)."""
-    return _traced_counts(tuple(sorted(width.items())), hf)
+    `hf`, its HF Llama's too (Counts.hf_ops, for the calibrations that timed the `hf` run); with
+    `op_ac`, under op-level selective AC (Counts.op_ac_ops, for those that timed the `ac op` run)."""
+    return _traced_counts(tuple(sorted(width.items())), hf, op_ac)
 
 
 @functools.lru_cache(maxsize=None)
-def _traced_counts(width_items: tuple, hf: bool) -> dict[int, Counts]:
+def _traced_counts(width_items: tuple, hf: bool, op_ac: bool) -> dict[int, Counts]:
     """traced_counts, once per width in a process: a table's host sections (one per rank count) share
     their widths, and each width's traces take seconds."""
     from fsdp_lab.plan.predict import run_of
@@ -210,7 +215,8 @@ def _traced_counts(width_items: tuple, hf: bool) -> dict[int, Counts]:
         t = trace_step(run, layers=L, batch=1, ac="none")
         ac = trace_step(run, layers=L, batch=1, ac="full")
         hf_ops = _ops(trace_step(run_of(model_overrides(L, width, "hf")), layers=L, batch=1, ac="none")) if hf else 0
-        out[L] = Counts(_ops(t), _kernels(t), _ops(ac), _kernels(ac), hf_ops)
+        op_ac_ops = _ops(trace_step(run_of(model_overrides(L, width) + list(VARIANTS["ac op"])), layers=L, batch=1, ac="selective")) if op_ac else 0
+        out[L] = Counts(_ops(t), _kernels(t), _ops(ac), _kernels(ac), hf_ops, op_ac_ops)
     return out
 
 
@@ -259,6 +265,9 @@ def fit_host(host_s: dict[str, float], counts: dict[int, Counts]) -> dict:
         out["microbatch_rest_s"] = max(host_s[f"mb2 {lo}"] - lo * per_block("mb2") - 2 * rest_ops * op_s - out["step_s"], 0.0)
     if "ac 2" in host_s:  # a checkpointed block beyond its ops, the recomputed forward's among them
         out["ac_block_s"] = max(per_block("ac") - block_s - ac_ops_block * block_op_s, 0.0)
+    if "ac op 2" in host_s and counts[hi].op_ac_ops:  # the op-level policy's own work in a block beyond its ops
+        op_ac_ops_block = (counts[hi].op_ac_ops - counts[lo].op_ac_ops) / blocks
+        out["op_ac_block_s"] = max(per_block("ac op") - block_s - op_ac_ops_block * block_op_s, 0.0)
     if "tp ac 2" in host_s:  # a checkpointed block under TP beyond a checkpointed block and TP's kernels in it
         out["tp_ac_block_s"] = max(per_block("tp ac") - per_block("ac") - ac_kernels_block * out["tp_kernel_s"], 0.0)
     # A unit of two blocks issues half the collectives of two units of one (CALIBRATED_COLLECTIVES_PER_BLOCK
@@ -300,7 +309,7 @@ def fit_widths(host_s: dict[str, float], device, quick: bool = False, step_s: di
     out = []
     for w in widths(quick):
         timed = _of_width(host_s, w)
-        counts = traced_counts(w, hf=f"hf {DEPTHS[0]}" in timed)
+        counts = traced_counts(w, hf=f"hf {DEPTHS[0]}" in timed, op_ac=f"ac op {DEPTHS[0]}" in timed)
         steps = {"measured_step_s": _of_width(step_s, w)} if step_s else {}
         out.append({**fit_host(timed, counts), **steps, "dim": w["dim"], "block_kernel_s": width_kernel_s(w, device), "traced_on": traced_on()})
     return out

@@ -145,6 +145,7 @@ class Model:
     seq_len: int
     clips: bool = False  # optim.max_norm is set
     float8_share: float = 0.0  # of the blocks' matmuls, run in float8 (float8.recipe)
+    op_ac_share: float = 0.0  # of the blocks, checkpointed under the op-level policy (ac=selective, ac.selective=op)
     _priced: dict = field(default_factory=dict, repr=False)  # (mb, tp, device) -> parts: the search prices many layouts alike
 
     def parts(self, mb: int, tp: int, device: Device) -> tuple[dict[str, Parts], dict[str, Parts]]:
@@ -249,8 +250,13 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     # A checkpointed block's backward: its recomputed ops are in the trace; checkpoint's own host work
     # is the table's per-block figure, eager or compiled (absent: not calibrated, 0; a table with the
     # eager figure alone gives it to compiled blocks too).
+    # Op-level selective AC's policy runs in Python per op of an eager block's forward and recompute: its
+    # own per-block figure, over the share of blocks it checkpoints (compiled: traced away).
     ac_key = "ac_compiled_block_s" if layout.compile and "ac_compiled_block_s" in host else "ac_block_s"
-    ac_host = host.get(ac_key, 0.0) if layout.ac == "full" else 0.0
+    if layout.ac == "full":
+        ac_host = host.get(ac_key, 0.0)
+    else:
+        ac_host = 0.0 if layout.compile else host.get("op_ac_block_s", 0.0) * model.op_ac_share
     # TP's host work the per-kernel figure does not see (absent: not calibrated, 0): DTensor at a compiled
     # block's edges, per block and microbatch (the runs time whole steps: half to each pass), and a
     # checkpointed eager block's beyond its kernels.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from functools import cached_property
 
-from fsdp_lab.config import RunConfig
+from fsdp_lab.config import ACConfig, RunConfig
 from fsdp_lab.mesh import ParallelDims, degrees
 from fsdp_lab.plan.cost import DTYPE_BYTES, TRACED_DEPTH, Layout, Model, step_time
 from fsdp_lab.plan.device import Device
@@ -43,6 +43,7 @@ class Predictor:
                 layers=layers, depth=min(layers, TRACED_DEPTH), block_params=block, other_params=other,
                 param_bytes=DTYPE_BYTES[param_dtype], reduce_bytes=DTYPE_BYTES[f.reduce_dtype or param_dtype],
                 seq_len=self.run.train.seq_len, clips=self.run.optim.max_norm is not None, float8_share=self.facts.float8_share,
+                op_ac_share=op_ac_share(self.run.ac, ac),
             )
         return self._models[ac]
 
@@ -50,6 +51,13 @@ class Predictor:
         model = self.model(layout.ac)
         time = step_time(model, layout, self.device, self.gpus_per_node)
         return {**time, "peak_mib": peak_bytes(model, layout) / 2**20}
+
+
+def op_ac_share(ac: ACConfig, mode: str) -> float:
+    """Of a model's blocks, the share the op-level selective policy checkpoints when it runs under AC
+    `mode` with the run's other AC settings: every ac.every-th block under ac=selective with
+    ac.selective=op, none otherwise."""
+    return 1 / ac.every if mode == "selective" and ac.selective == "op" else 0.0
 
 
 def layout_of(run: RunConfig, world_size: int) -> Layout:
@@ -74,8 +82,11 @@ def predict_overrides(overrides: list[str], *, world_size: int, device: str, gpu
 
     run = run_of(overrides)
     traced = dataclasses.replace(run, model=dataclasses.replace(run.model, compile=False))
-    key = repr((traced.model, traced.fsdp.param_dtype, traced.fsdp.reduce_dtype, traced.train.seq_len, traced.optim, device, gpus_per_node))
-    if key not in _PREDICTORS:  # configurations of one model share its traces
+    # Configurations of one model share its traces, one per AC mode (Predictor.model): the AC settings
+    # beside the mode (the selective policy, which blocks) are in the key, as they change those traces.
+    ac_beside_mode = dataclasses.replace(traced.ac, mode="none")
+    key = repr((traced.model, traced.fsdp.param_dtype, traced.fsdp.reduce_dtype, traced.train.seq_len, traced.optim, ac_beside_mode, device, gpus_per_node))
+    if key not in _PREDICTORS:
         _PREDICTORS[key] = Predictor(traced, load_device(device), gpus_per_node)
     return _PREDICTORS[key].predict(layout_of(run, world_size))
 
