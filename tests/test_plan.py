@@ -633,7 +633,8 @@ def test_predictions_of_one_model_under_other_ac_policies_are_their_own():
     """predict_overrides shares one model's traces between configurations: one under op-level selective AC
     after one under layer-level (the same AC mode, another policy) is traced and priced under its own
     policy, its host the op-level policy's figure over the blocks it checkpoints."""
-    tiny = [*MODEL[:5], "train.seq_len=64", "fsdp.param_dtype=bfloat16", "logger=none", "ac=selective", "ac.every=1"]
+    tiny = ["model.dim=128", "model.n_layers=2", "model.n_heads=4", "model.ffn_dim=256", "model.vocab_size=128", "train.seq_len=128",
+            "fsdp.param_dtype=bfloat16", "logger=none", "ac=selective", "ac.every=1"]
     at = dict(world_size=4, device="h100-80gb", gpus_per_node=4)
     layer = predict_overrides([*tiny, "ac.selective=layer"], **at)
     op = predict_overrides([*tiny, "ac.selective=op"], **at)

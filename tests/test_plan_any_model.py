@@ -1,11 +1,12 @@
-"""mode=plan for any model the lab trains, at any scale, with a "fits" that holds: Hugging Face and
-custom models planned from their blocks; a 1,024-GPU plan; every candidate shown as fitting judged
+"""mode=plan for any model the lab trains, at any scale, with a "fits" that holds: Hugging Face models
+(llama, gpt2, qwen2, mistral, gemma) and custom ones planned from their blocks; a 1,024-GPU plan; every candidate shown as fitting judged
 by mode=estimate's peak plus the stated margin (past the first few too); a validated table whose run
 measured no peak still renders; the device registry shared with mode=estimate."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from fsdp_lab.config import ConfigError
 from fsdp_lab.estimate.device import device_memory
 from fsdp_lab.models import build_meta
 from fsdp_lab.models.depth import blocks_kept
+from fsdp_lab.models.hf_families import tiny_config
 from fsdp_lab.plan.device import load_device, memory_gib, plan_device
 from fsdp_lab.plan.fits import estimated_peak_mib, needed_mib, rule
 from fsdp_lab.plan.predict import Predictor, layout_of, traced_shapes
@@ -36,7 +38,10 @@ MODELS = {
     "custom": ["model=custom", "model.build._target_=own_models.TinyGPT", "+model.build.vocab=64", "+model.build.dim=32",
                "+model.build.n_layer=5", "model.blocks=blocks", "model.vocab_size=64"],
 }
-BLOCKS = {"llama": 6, "gpt2": 5, "custom": 5}
+# The other families the issue names, at their tiny configs (fsdp_lab/models/hf_families.py, 2 blocks).
+MODELS.update({name: ["model=hf", f"model.model_type={name}", *(f"model.config.{k}={json.dumps(v)}" for k, v in tiny_config(name).items())]
+               for name in ("qwen2", "mistral", "gemma")})
+BLOCKS = {"llama": 6, "gpt2": 5, "custom": 5, "qwen2": 2, "mistral": 2, "gemma": 2}
 # 4 GPUs at the default 8 a node: planned as one node of 4.
 SMALL_PLAN = ["mode=plan", "plan.gpus=4", "plan.device=h100-80gb", "plan.top=4", "plan.max_microbatches=2",
               "plan.search_compile=false", "train.seq_len=16", "train.batch_size=2", "logger=none"]
@@ -82,8 +87,8 @@ def test_an_hf_llama_is_planned_from_its_blocks(llama_plan):
 
 # In process, but each a whole plan (tens of CPU seconds): the slow tier keeps the fast one fast.
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gpt2", "custom"])
-def test_gpt2_and_a_custom_model_are_planned_from_their_blocks(name):
+@pytest.mark.parametrize("name", ["gpt2", "qwen2", "mistral", "gemma", "custom"])
+def test_hf_families_and_a_custom_model_are_planned_from_their_blocks(name):
     run = compose_run(*MODELS[name], *SMALL_PLAN, "plan.top=2", "plan.max_microbatches=1")
     _check_planned(name, run, *plan(run))
 
