@@ -21,7 +21,7 @@ from fsdp_lab.models.hf_families import tiny_config
 from fsdp_lab.plan.device import load_device, memory_gib, plan_device
 from fsdp_lab.plan.fits import estimated_peak_mib, needed_mib, rule
 from fsdp_lab.plan.predict import Predictor, layout_of, traced_shapes
-from fsdp_lab.plan.run import best_fitting_layout, gpus_per_node, plan, render
+from fsdp_lab.plan.run import best_fitting_layout, gpus_per_node, plan, render, run_plan
 from fsdp_lab.plan.search import Candidate, _verify
 from fsdp_lab.plan.trace import model_facts
 from fsdp_lab.plan.validate_runs import summarise
@@ -310,3 +310,17 @@ def test_the_closed_form_shards_the_gradients_it_was_traced_with():
     closed = Predictor(run, load_device("h100-80gb"), 8).predict(layout)["peak_mib"]
     estimated = estimated_peak_mib(run, layout)
     assert 0.85 * estimated < closed <= 1.05 * estimated, (closed, estimated)
+
+
+def test_a_plan_where_nothing_fits_ends_naming_the_nearest_candidate_and_what_lowers_it(tmp_path, capsys):
+    """No candidate fits (here: more memory reserved outside the allocator than the GPU has): the plan
+    ends with one line naming the candidate nearest to fitting and the settings that lower every
+    candidate's memory, and records no best."""
+    run = compose_run(*MODELS["llama"], *SMALL_PLAN, "plan.top=1", "plan.max_microbatches=1", "estimate.reserved_mib=100000")
+    run_plan(run, tmp_path, [])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("plan: no candidate fits in memory; the least, ") and "plan.max_microbatches=1" in last
+    least = min(json.loads((tmp_path / "plan.json").read_text())["candidates"], key=lambda c: c["peak_mib"])["layout"]
+    assert f"tp {least['tp']}, ac={least['ac']}, {least['microbatches']} microbatches of {least['microbatch_size']} samples" in last
+    assert "fsdp.param_dtype=bfloat16" in last, "fp32 parameters: bf16 named as a way down"
+    assert json.loads((tmp_path / "summary.json").read_text())["best"] is None

@@ -12,7 +12,7 @@ from pathlib import Path
 from fsdp_lab.config import ConfigError, PlanConfig, RunConfig
 from fsdp_lab.mesh import MESH_DIM_NAMES
 from fsdp_lab.plan.device import plan_device
-from fsdp_lab.plan.fits import rule
+from fsdp_lab.plan.fits import needed_mib, rule
 from fsdp_lab.plan.predict import Predictor
 from fsdp_lab.plan.search import Candidate, rank
 from fsdp_lab.probes.parity_probe import reference_bytes
@@ -149,7 +149,21 @@ def run_plan(run: RunConfig, run_dir: Path, user_overrides: list[str]) -> None:
         measured = validate(candidates[: run.plan.validate], rows, user_overrides, run_dir, run.plan.validate_repeats,
                             written=lambda: _write(run, run_dir, header, rows, best))
         print(render(candidates, header, run.plan.top, measured), flush=True)
-    print(f"plan: best {best['command']}" if best else "plan: no candidate fits in memory", flush=True)
+    print(f"plan: best {best['command']}" if best else nothing_fits(run, candidates, header), flush=True)
+
+
+def nothing_fits(run: RunConfig, candidates: list[Candidate], header: dict) -> str:
+    """The plan's last line where no candidate fits: the one nearest to fitting and what would lower
+    every candidate's memory (the step's samples are spread over at most plan.max_microbatches)."""
+    if not candidates:
+        return "plan: no layout of these GPUs is accepted for this model"
+    least = min(candidates, key=lambda c: c.prediction["peak_mib"])
+    lay, peak = least.layout, least.prediction["peak_mib"]
+    bf16 = "" if run.fsdp.param_dtype in ("bfloat16", "float16") else ", bfloat16 parameters (fsdp.param_dtype=bfloat16)"
+    return (f"plan: no candidate fits in memory; the least, {needed_mib(peak, run) / 1024:.1f} GiB by the fits rule, is pp {lay.pp} × "
+            f"dp {lay.dp_replicate * lay.dp_shard} × tp {lay.tp}, ac={lay.ac}, {lay.microbatches} microbatches of {lay.microbatch_size} "
+            f"samples; lower it with more microbatches (plan.max_microbatches={run.plan.max_microbatches}), fewer tokens a step "
+            f"(plan.global_batch_tokens, {header['tokens_per_step']:,} now){bf16}, or more GPUs")
 
 
 def _write(run: RunConfig, run_dir: Path, header: dict, rows: list[dict], best: dict | None) -> None:
