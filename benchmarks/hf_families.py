@@ -54,9 +54,9 @@ def build_meta(model):
 
 
 def family_overrides(model_type: str) -> list[str]:
-    from fsdp_lab.models.hf_families import tiny_config
+    from fsdp_lab.models.hf_families import tiny_overrides
 
-    return ["model=hf", f"model.model_type={model_type}", *(f"model.config.{k}={json.dumps(v)}" for k, v in tiny_config(model_type).items())]
+    return tiny_overrides(model_type)
 
 
 def one_line(e: BaseException) -> str:

@@ -15,16 +15,12 @@ import pytest
 from benchmark_scripts import load
 from fsdp_lab.cli_process import REPO, lab_env
 from fsdp_lab.config import ConfigError
-from fsdp_lab.models.hf_families import tiny_config
+from fsdp_lab.models.hf_families import tiny_config, tiny_overrides
 from fsdp_lab.worker import build_trainer
 
 NAMED = ["llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2", "gpt_neox", "opt",
          "falcon", "olmo2", "granite", "starcoder2"]
 ONE_RANK = ["train.steps=2", "train.seq_len=8", "train.batch_size=2", "probes.parity.param_every=1", "logger=none", "mesh=single"]
-
-
-def family(model_type: str) -> list[str]:
-    return ["model=hf", f"model.model_type={model_type}", *(f"model.config.{k}={json.dumps(v)}" for k, v in tiny_config(model_type).items())]
 
 
 def test_a_tiny_config_uses_the_familys_own_names():
@@ -42,13 +38,13 @@ def test_a_tiny_config_uses_the_familys_own_names():
 ])
 def test_a_family_the_lab_cannot_run_is_refused_before_any_rank_starts(prepared, model_type, reason):
     with pytest.raises(ConfigError) as refused:
-        prepared(*family(model_type), *ONE_RANK)
+        prepared(*tiny_overrides(model_type), *ONE_RANK)
     assert str(refused.value) == f"model.model_type={model_type}: {reason}"
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "mixtral", "gemma2"])
 def test_a_sample_of_families_trains_with_parity_in_process(prepared, world_of_one, model_type):
-    run, dims = prepared(*family(model_type), *ONE_RANK)
+    run, dims = prepared(*tiny_overrides(model_type), *ONE_RANK)
     trainer = build_trainer(run, dims, world_of_one, on_step=lambda row: None)
     trainer.run()
     verdict = trainer.reference.verdict

@@ -17,7 +17,7 @@ from fsdp_lab.config import ConfigError
 from fsdp_lab.estimate.device import device_memory
 from fsdp_lab.models import build_meta
 from fsdp_lab.models.depth import blocks_kept
-from fsdp_lab.models.hf_families import tiny_config
+from fsdp_lab.models.hf_families import tiny_overrides
 from fsdp_lab.plan.device import load_device, memory_gib, plan_device
 from fsdp_lab.plan.fits import estimated_peak_mib, needed_mib, rule
 from fsdp_lab.plan.predict import Predictor, layout_of, traced_shapes
@@ -39,8 +39,7 @@ MODELS = {
                "+model.build.n_layer=5", "model.blocks=blocks", "model.vocab_size=64"],
 }
 # The other families the issue names, at their tiny configs (fsdp_lab/models/hf_families.py, 2 blocks).
-MODELS.update({name: ["model=hf", f"model.model_type={name}", *(f"model.config.{k}={json.dumps(v)}" for k, v in tiny_config(name).items())]
-               for name in ("qwen2", "mistral", "gemma")})
+MODELS.update({name: tiny_overrides(name) for name in ("qwen2", "mistral", "gemma")})
 BLOCKS = {"llama": 6, "gpt2": 5, "custom": 5, "qwen2": 2, "mistral": 2, "gemma": 2}
 # 4 GPUs at the default 8 a node: planned as one node of 4.
 SMALL_PLAN = ["mode=plan", "plan.gpus=4", "plan.device=h100-80gb", "plan.top=4", "plan.max_microbatches=2",

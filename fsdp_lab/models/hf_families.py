@@ -6,6 +6,8 @@ runs the matrix and writes docs/hf_families.md."""
 
 from __future__ import annotations
 
+import json
+
 # Tiny sizes, each under every name a config class gives it; set where the family's config has the key.
 TINY_SIZES: dict[tuple[str, ...], int] = {
     ("hidden_size", "n_embd", "d_model", "n_embed"): 32,
@@ -99,6 +101,11 @@ def tiny_config(model_type: str) -> dict:
         if key.endswith("_token_id") and isinstance(value, int) and value >= TINY_VOCAB:
             out[key] = TINY_VOCAB - 1
     return {**out, **OVERRIDES.get(model_type, {})}
+
+
+def tiny_overrides(model_type: str) -> list[str]:
+    """The command-line overrides of a tiny member of the family (model=hf at tiny_config)."""
+    return ["model=hf", f"model.model_type={model_type}", *(f"model.config.{k}={json.dumps(v)}" for k, v in tiny_config(model_type).items())]
 
 
 def _is_size(value) -> bool:
