@@ -9,6 +9,7 @@ estimate takes about 2 s a row on a CPU core for the 1b model (30 s the whole se
 
     torchrun --nproc-per-node 4 benchmarks/plan_accuracy.py --out accuracy/     # GPUs: measure only (2 or 4)
     python benchmarks/plan_accuracy.py --predict-from accuracy/measured.json --device h100-80gb --out accuracy/
+    python benchmarks/plan_accuracy.py --predict-from speed.json --device h100-80gb --gpus-per-node 4 --out accuracy/   # speed.py --json's lab runs
 
 Every configuration runs --repeats times (3), alternating (each round runs the whole set once, so a
 machine's drift falls on all rows alike); a row is the median step time of its runs and the largest
@@ -109,6 +110,17 @@ def medians(rounds: list[list[dict]]) -> list[dict]:
     return out
 
 
+def measured_rows(measured: list[dict] | dict) -> list[dict]:
+    """The rows of this script's measured.json, or of benchmarks/speed.py's --json: a row per lab peer
+    (the lab and its variants; their runs' median step, largest peak)."""
+    if isinstance(measured, list):
+        return measured
+    return [{"config": name, "overrides": runs[0]["overrides"], "world_size": measured["gpus"], "runs": len(runs),
+             "step_time_s": statistics.median(r["step_time_s"] for r in runs), "peak_mib": max(r["peak_mib"] for r in runs),
+             "host_step_s": statistics.median(r["host_step_s"] for r in runs)}
+            for name, runs in measured["runs"].items() if runs and "overrides" in runs[0]]
+
+
 def predict(rows: list[dict], device: str, gpus_per_node: int) -> list[dict]:
     from fsdp_lab.plan.predict import layout_of, predict_overrides, run_of
     from fsdp_lab.plan.fits import estimated_peak_mib
@@ -166,7 +178,7 @@ def ranking(rows: list[dict], device: str, gpus_per_node: int) -> list[str]:
     lines = []
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r.get("step_time_s"):
+        if r.get("step_time_s") and r["config"] in CONFIGS:  # rows from elsewhere (speed.py's) are predicted, not ranked
             model, _, extra = CONFIGS[r["config"]]
             groups.setdefault((model, "model.compile=true" in extra), []).append(r)
     for (model, compiled), measured in groups.items():
@@ -207,7 +219,7 @@ def main() -> None:
         return
     if args.predict_from is None:
         p.error("run under torchrun to measure, or give --predict-from OUT/measured.json")
-    rows = predict(json.loads(args.predict_from.read_text()), args.device, args.gpus_per_node)
+    rows = predict(measured_rows(json.loads(args.predict_from.read_text())), args.device, args.gpus_per_node)
     table = markdown(rows, args.device) + "\n\n" + "\n".join(ranking(rows, args.device, args.gpus_per_node))
     (args.out / "accuracy.json").write_text(json.dumps(rows, indent=1))
     (args.out / "accuracy.md").write_text(table + "\n")

@@ -5,6 +5,8 @@ visibly more than fp32 does; every shape or combination torchao cannot take is r
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -54,6 +56,36 @@ def test_the_plan_prices_the_converted_share_of_the_blocks_matmuls():
     linears = {n: m.weight.numel() for n, m in model.layers.named_modules() if type(m) is nn.Linear}
     w2 = sum(v for n, v in linears.items() if n.endswith("w2"))
     assert converted_block_share(model, Float8Config(recipe="tensorwise", skip=["w2"])) == pytest.approx(1 - w2 / sum(linears.values()))
+
+
+# Two blocks of Llama-3-8B's width at seq 4096, where float8 pays (traced on fake tensors: no FLOPs run).
+WIDE = ("+experiment=bench_llama1b_compiled", "model.dim=4096", "model.n_layers=2", "model.n_heads=32", "model.ffn_dim=14336",
+        "model.vocab_size=8192", "train.seq_len=4096", "train.batch_size=1", "probes.parity.enabled=false")
+
+
+def matmul_flops(trace, phase: str) -> int:
+    return sum(2 * math.prod(o.dims) for o in trace.ops if o.kind == "mm" and o.phase == phase)
+
+
+@pytest.mark.slow
+def test_the_plans_trace_holds_float8_matmuls_and_each_cast_eager_and_fused():
+    """torchao runs a float8 matmul inside its tensor subclass, out of the trace's sight: the trace
+    records it from its operands, so the float8 blocks' matmul FLOPs are the bf16 blocks'. Each cast
+    (an input, a weight, a gradient) is one op of the bytes compiled kernels move, beside its eager
+    chain of ops; a compiled float8 layout is priced below bf16's on the H100 table."""
+    from fsdp_lab.plan.predict import predict_overrides, run_of
+    from fsdp_lab.plan.trace import FLOAT8_CAST, trace_step
+
+    bf16, float8 = (trace_step(run_of([*WIDE, *extra]), layers=2, batch=1, ac="none") for extra in ([], ["float8.recipe=tensorwise"]))
+    for phase in ("fwd", "bwd"):
+        assert matmul_flops(float8, phase) == matmul_flops(bf16, phase) > 0, phase
+        casts = [o for o in float8.ops if o.kind == "cast" and o.phase == phase]
+        chains = [o for o in float8.ops if o.name.startswith(FLOAT8_CAST + ".") and o.phase == phase]
+        assert casts and len(chains) > 3 * len(casts), phase  # amax, scale, scaled copy: several eager ops each
+    assert not any(o.kind == "cast" or o.name.startswith(FLOAT8_CAST) for o in bf16.ops)
+    predicted = {f8: predict_overrides([*WIDE, f"float8.recipe={f8}", "mesh.dp_shard=4"], world_size=4, device="h100-80gb", gpus_per_node=4)
+                 for f8 in ("none", "tensorwise")}
+    assert predicted["tensorwise"]["gpu_s"] < predicted["none"]["gpu_s"]
 
 
 def test_tensorwise_tp_plan_swaps_converted_linears_for_torchaos_float8_styles_keeping_layouts():

@@ -43,6 +43,11 @@ def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path, cut_short):
     # Each round in the reverse order of the one before: lab first and last, the variant in between.
     assert [r["at"] for r in runs["lab"]] == [0, 3] and [r["at"] for r in runs["lab:prefetch"]] == [1, 2]
     assert "lab:prefetch/lab" in result.stdout
+    # Each lab run keeps its overrides, so that plan_accuracy.py can predict the runs of a speed.py --json.
+    assert all(r["overrides"][0] == "+experiment=bench_llama1b" for rs in runs.values() for r in rs)
+    assert "fsdp.forward_prefetch=1" in runs["lab:prefetch"][0]["overrides"] and "fsdp.forward_prefetch=1" not in runs["lab"][0]["overrides"]
+    rows = load("plan_accuracy").measured_rows(json.loads((tmp_path / "runs.json").read_text()))
+    assert [r["config"] for r in rows] == ["lab", "lab:prefetch"] and all(r["runs"] == 2 and r["step_time_s"] > 0 for r in rows)
     # The host's time to issue a step, from the lab's perf.host_step_s: below the whole step's.
     assert all(0 < r["host_step_s"] < 2 * 32 / r["tokens_per_s"] for rs in runs.values() for r in rs)  # batch 2 x seq 32 a step
     assert "host ms/step" in result.stdout

@@ -46,6 +46,16 @@ def converted_block_share(model: nn.Module, cfg: Float8Config) -> float:
     return converted / sum(in_blocks.values()) if in_blocks else 0.0
 
 
+def float8_operand(t: torch.Tensor) -> bool:
+    """A matmul operand torchao cast to float8 (its training tensor subclass). Its matmul runs inside
+    the subclass, out of sight of a dispatch mode above it: the plan's trace records it by this."""
+    try:
+        from torchao.float8.float8_training_tensor import Float8TrainingTensor
+    except ImportError:
+        return False
+    return isinstance(t, Float8TrainingTensor)
+
+
 def emulated(device: torch.device) -> bool:
     """No float8 matmul here: torchao emulates it (and torch.compile cannot take the emulation)."""
     return device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)

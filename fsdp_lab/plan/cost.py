@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fsdp_lab.mesh import MESH_DIM_NAMES, degrees, ranks
 from fsdp_lab.plan.device import Device
 from fsdp_lab.plan.host import kernel_s
-from fsdp_lab.plan.trace import Trace
+from fsdp_lab.plan.trace import FLOAT8_CAST, Trace
 
 # FSDP collectives a block issues one to a unit, resharding after forward (all-gather, re-gather,
 # reduce-scatter): the layout the device table's host figures were timed at (fsdp_lab/calibrate/host.py).
@@ -77,13 +77,20 @@ class Parts:
     host_ops: float = 0.0
     kernels: int = 0  # matmul and attention calls
     hidden_bytes: float = 0.0  # one activation of the residual stream (tokens x hidden), for TP's all-reduces
+    # float8 casts (trace.FLOAT8_CAST): their ops one by one, as an eager block runs them, and the bytes
+    # compiled kernels move for them (read twice, written once in float8), which torch.compile fuses so
+    # far whatever the share of other elementwise work it leaves
+    cast_eager: float = 0.0
+    cast_compiled: float = 0.0
 
     def __sub__(self, o: Parts) -> Parts:
         return Parts(self.mm - o.mm, self.attn - o.attn, self.mem - o.mem, self.host_ops - o.host_ops,
-                     self.kernels - o.kernels, self.hidden_bytes)
+                     self.kernels - o.kernels, self.hidden_bytes, self.cast_eager - o.cast_eager,
+                     self.cast_compiled - o.cast_compiled)
 
     def __truediv__(self, n: float) -> Parts:
-        return Parts(self.mm / n, self.attn / n, self.mem / n, self.host_ops / n, self.kernels / n, self.hidden_bytes)
+        return Parts(self.mm / n, self.attn / n, self.mem / n, self.host_ops / n, self.kernels / n, self.hidden_bytes,
+                     self.cast_eager / n, self.cast_compiled / n)
 
 
 def _scaled(d1: tuple, d2: tuple, mb: int) -> tuple:
@@ -109,8 +116,8 @@ def price(one: Trace, two: Trace, mb: int, tp: int, device: Device) -> dict[str,
         ops2 = [o for o in two.ops if o.phase == phase]
         # Ops dispatched grow with the batch where a loop does (the loss's row slices), as the dims do.
         p = Parts(host_ops=one.host_ops[phase] + (two.host_ops[phase] - one.host_ops[phase]) * (mb - 1))
-        heavy1 = [o for o in ops1 if o.kind != "mem"]
-        heavy2 = [o for o in ops2 if o.kind != "mem"]
+        heavy1 = [o for o in ops1 if o.kind in ("mm", "attn")]
+        heavy2 = [o for o in ops2 if o.kind in ("mm", "attn")]
         pairs = zip(heavy1, heavy2) if len(heavy1) == len(heavy2) else ((o, o) for o in heavy1)
         for o1, o2 in pairs:
             dims = _scaled(o1.dims, o2.dims, mb)
@@ -123,10 +130,9 @@ def price(one: Trace, two: Trace, mb: int, tp: int, device: Device) -> dict[str,
             else:
                 bh, s, d = dims
                 p.attn += device.attention_s(math.ceil(bh / tp), s, d, backward=phase == "bwd")
-        bytes1 = sum(o.dims[0] for o in ops1 if o.kind == "mem")
-        bytes2 = sum(o.dims[0] for o in ops2 if o.kind == "mem")
-        ratio = (bytes1 + (bytes2 - bytes1) * (mb - 1)) / bytes1 if bytes1 else 1.0
-        p.mem = sum(device.memory_s(o.dims[0] * ratio) for o in ops1 if o.kind == "mem")
+        p.mem = _bandwidth_s(ops1, ops2, mb, device, lambda o: o.kind == "mem" and not o.name.startswith(FLOAT8_CAST))
+        p.cast_eager = _bandwidth_s(ops1, ops2, mb, device, lambda o: o.kind == "mem" and o.name.startswith(FLOAT8_CAST))
+        p.cast_compiled = _bandwidth_s(ops1, ops2, mb, device, lambda o: o.kind == "cast")
         out[phase] = p
     return out
 
@@ -170,6 +176,15 @@ class Model:
         return block, rest
 
 
+def _bandwidth_s(ops1: list, ops2: list, mb: int, device: Device, chosen) -> float:
+    """Seconds of the chosen elementwise ops of a 1-sample pass at mb samples: their bytes grow with the
+    batch as those of the 2-sample pass do."""
+    bytes1 = sum(o.dims[0] for o in ops1 if chosen(o))
+    bytes2 = sum(o.dims[0] for o in ops2 if chosen(o))
+    ratio = (bytes1 + (bytes2 - bytes1) * (mb - 1)) / bytes1 if bytes1 else 1.0
+    return sum(device.memory_s(o.dims[0] * ratio) for o in ops1 if chosen(o))
+
+
 def _price_like(one: Trace, two1: Trace, two2: Trace, mb: int, tp: int, device: Device) -> dict[str, Parts]:
     """Price the 1-block trace at mb samples, each part growing with the batch as the 2-block trace's
     does (one trace fewer than pairing it with its own 2-sample twin)."""
@@ -181,7 +196,8 @@ def _price_like(one: Trace, two1: Trace, two2: Trace, mb: int, tp: int, device: 
         f, a, s = full[ph], at_one[ph], single[ph]
         grow = lambda x, y: (x / y) if y else 1.0  # noqa: E731
         out[ph] = Parts(s.mm * grow(f.mm, a.mm), s.attn * grow(f.attn, a.attn), s.mem * grow(f.mem, a.mem),
-                        s.host_ops, s.kernels, f.hidden_bytes)
+                        s.host_ops, s.kernels, f.hidden_bytes, s.cast_eager * grow(f.cast_eager, a.cast_eager),
+                        s.cast_compiled * grow(f.cast_compiled, a.cast_compiled))
     return out
 
 
@@ -217,16 +233,17 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
     compiled_share = device.elementwise("compiled_share", unmeasured=COMPILED_ELEMENTWISE)
 
     # float8: the blocks' converted matmuls at the table's measured float8/bf16 time ratio (absent: as
-    # bf16); their casts are in the trace (torchao's emulation traced on the CPU), priced as elementwise.
+    # bf16); their casts by the bytes they move, op by op in an eager block, fused in a compiled one.
     float8_mm = 1 - model.float8_share * (1 - (device.float8_matmul_ratio or 1.0))
 
     def gpu(p: Parts, in_block: bool) -> float:
-        factor, mm = 1.0, p.mm
+        factor, mm, cast = 1.0, p.mm, p.cast_eager
         if in_block:
             factor = eager_factor * (TP_REPLICATED_ELEMENTWISE + (1 - TP_REPLICATED_ELEMENTWISE) / tp)
             factor *= compiled_share if layout.compile else 1.0
             mm *= float8_mm
-        return mm + p.attn + p.mem * factor
+            cast = p.cast_compiled if layout.compile else cast
+        return mm + p.attn + p.mem * factor + cast
 
     # the host's cost per op follows the kernels' size, and the ranks it issues a step over
     host = device.host_figures(kernel_s(block["fwd"]), layout.world)

@@ -83,9 +83,10 @@ def predict_overrides(overrides: list[str], *, world_size: int, device: str, gpu
     run = run_of(overrides)
     traced = dataclasses.replace(run, model=dataclasses.replace(run.model, compile=False))
     # Configurations of one model share its traces, one per AC mode (Predictor.model): the AC settings
-    # beside the mode (the selective policy, which blocks) are in the key, as they change those traces.
+    # beside the mode (the selective policy, which blocks) and float8 are in the key, as they change those traces.
     ac_beside_mode = dataclasses.replace(traced.ac, mode="none")
-    key = repr((traced.model, traced.fsdp.param_dtype, traced.fsdp.reduce_dtype, traced.train.seq_len, traced.optim, ac_beside_mode, device, gpus_per_node))
+    key = repr((traced.model, traced.fsdp.param_dtype, traced.fsdp.reduce_dtype, traced.train.seq_len, traced.optim, ac_beside_mode,
+                traced.float8, device, gpus_per_node))
     if key not in _PREDICTORS:
         _PREDICTORS[key] = Predictor(traced, load_device(device), gpus_per_node)
     return _PREDICTORS[key].predict(layout_of(run, world_size))

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten
 from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.models.kernels.launch import watching_launches
 from fsdp_lab.mesh import ParallelDims, degrees
+from fsdp_lab.parallel.float8 import float8_operand
 
 MATMULS = {"mm", "addmm", "bmm", "baddbmm"}
 # Ops that move no bytes on a GPU (allocations, views, metadata): host work only.
@@ -30,9 +31,9 @@ TRACE_WORLD = 2  # the smallest world that shards: FSDP's path, its hooks and bu
 @dataclass(frozen=True)
 class Op:
     name: str  # the aten op
-    kind: str  # mm | attn | mem
+    kind: str  # mm | attn | mem | cast (a float8 cast as compiled kernels run it: _Float8Casts)
     phase: str  # fwd | bwd | opt
-    dims: tuple  # mm: (m, n, k); attn: (batch x heads, seq, head dim); mem: (bytes,)
+    dims: tuple  # mm: (m, n, k); attn: (batch x heads, seq, head dim); mem, cast: (bytes,)
     dtype: str
 
 
@@ -48,14 +49,18 @@ class OpRecorder(TorchDispatchMode):
         self.ops: list[Op] = []
         self.dispatched: list[bool] = []  # every op dispatched (views included: host work), in backward or not
         self.paused = False
+        self.prefix = ""  # names the ops of a float8 cast (_Float8Casts)
         self._fused = _FusedKernels(self)
+        self._casts = _Float8Casts(self)
 
     def __enter__(self):
         self._fused.__enter__()
+        self._casts.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
         super().__exit__(*exc)
+        self._casts.__exit__(*exc)
         return self._fused.__exit__(*exc)
 
     def record(self, name: str, tensors: list[torch.Tensor]) -> None:
@@ -72,7 +77,7 @@ class OpRecorder(TorchDispatchMode):
         self.dispatched.append(torch._C._current_graph_task_id() != -1)
         op = _classify(func, args, kwargs or {}, out)
         if op is not None:
-            self.ops.append(op)
+            self.ops.append(dataclasses.replace(op, name=self.prefix + op.name) if self.prefix else op)
         return out
 
 
@@ -141,23 +146,82 @@ def _classify(func, args, kwargs, out) -> Op | None:
     if namespace != "aten" or name in FREE:
         return None
     flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    phase = "bwd" if torch._C._current_graph_task_id() != -1 else "fwd"
+    if name in MATMULS and any(float8_operand(t) for t in args[-2:]):
+        # torchao's float8 matmul: the subclass runs it (emulated on this CPU) where this mode cannot see
+        # it. Recorded in its operands' high-precision dtype: the cost model prices the blocks' converted
+        # share at the device's float8 rate (plan/cost.py).
+        return _matmul(name, args, phase, str(args[-2]._orig_dtype).removeprefix("torch."))
     if any(type(t) is not torch.Tensor and not _is_fake(t) for t in flat_in):
         return None  # a subclass (DTensor): its local ops come through here again
     returns = func._schema.returns
     if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
         return None  # a view
-    phase = "bwd" if torch._C._current_graph_task_id() != -1 else "fwd"
     dtype = str(flat_in[0].dtype).removeprefix("torch.") if flat_in else "float32"
     if name in MATMULS:
-        a, b = args[-2], args[-1]
-        batch = a.shape[0] if name in ("bmm", "baddbmm") else 1
-        return Op(name, "mm", phase, (batch * a.shape[-2], b.shape[-1], a.shape[-1]), dtype)
+        return _matmul(name, args, phase, dtype)
     if "scaled_dot_product" in name:
         q = args[0] if "backward" not in name else args[1]
         return Op(name, "attn", phase, (q.shape[0] * q.shape[1], q.shape[2], q.shape[3]), dtype)
     outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     written = [t for t in outs if not any(t is i for i in flat_in)]
     return Op(name, "mem", phase, (_nbytes(flat_in) + _nbytes(written),), dtype)
+
+
+def _matmul(name: str, args, phase: str, dtype: str) -> Op:
+    a, b = args[-2], args[-1]
+    batch = a.shape[0] if name in ("bmm", "baddbmm") else 1
+    return Op(name, "mm", phase, (batch * a.shape[-2], b.shape[-1], a.shape[-1]), dtype)
+
+
+# The ops of one float8 cast (amax, scale, scaled copy) are named with this prefix; beside them one op of
+# kind "cast" holds the bytes torch.compile's fused kernels move for it (plan/cost.py prices either).
+FLOAT8_CAST = "float8_cast"
+
+
+class _Float8Casts:
+    """Each of torchao's dynamic float8 casts (an input, a weight, a gradient; hp_tensor_to_float8_dynamic,
+    wherever torchao calls it) recorded twice over: its eager chain of ops, as a GPU runs them uncompiled,
+    named FLOAT8_CAST + "."; and one op of kind "cast", the bytes compiled kernels move for it: the
+    high-precision tensor read for its amax and again for the cast, the float8 copy written."""
+
+    NAME = "hp_tensor_to_float8_dynamic"
+
+    def __init__(self, recorder: OpRecorder):
+        self.recorder = recorder
+        self.patched: list[tuple[object, object]] = []
+
+    def __enter__(self):
+        import sys
+
+        recorder = self.recorder
+        for module in [m for name, m in sys.modules.items() if name.startswith("torchao.float8") and m is not None]:
+            original = getattr(module, self.NAME, None)
+            if original is None:
+                continue
+
+            def cast(hp_tensor, *args, _original=original, **kwargs):
+                if recorder.paused or recorder.prefix:
+                    return _original(hp_tensor, *args, **kwargs)
+                recorder.prefix = FLOAT8_CAST + "."
+                try:
+                    out = _original(hp_tensor, *args, **kwargs)
+                finally:
+                    recorder.prefix = ""
+                local = hp_tensor.to_local() if hasattr(hp_tensor, "to_local") else hp_tensor
+                phase = "bwd" if torch._C._current_graph_task_id() != -1 else "fwd"
+                dtype = str(local.dtype).removeprefix("torch.")
+                recorder.ops.append(Op(FLOAT8_CAST, "cast", phase, (local.numel() * (2 * local.element_size() + 1),), dtype))
+                return out
+
+            self.patched.append((module, original))
+            setattr(module, self.NAME, cast)
+        return self
+
+    def __exit__(self, *exc):
+        for module, original in self.patched:
+            setattr(module, self.NAME, original)
+        self.patched = []
 
 
 def _is_fake(t: torch.Tensor) -> bool:
