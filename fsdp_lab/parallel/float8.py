@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 
 import torch
 from torch import nn
@@ -48,12 +49,10 @@ def converted_block_share(model: nn.Module, cfg: Float8Config) -> float:
 
 def float8_operand(t: torch.Tensor) -> bool:
     """A matmul operand torchao cast to float8 (its training tensor subclass). Its matmul runs inside
-    the subclass, out of sight of a dispatch mode above it: the plan's trace records it by this."""
-    try:
-        from torchao.float8.float8_training_tensor import Float8TrainingTensor
-    except ImportError:
-        return False
-    return isinstance(t, Float8TrainingTensor)
+    the subclass, out of sight of a dispatch mode above it: the plan's trace records it by this. Where
+    torchao was never imported, no such tensor exists (and no import is tried per matmul)."""
+    module = sys.modules.get("torchao.float8.float8_training_tensor")
+    return module is not None and isinstance(t, module.Float8TrainingTensor)
 
 
 def emulated(device: torch.device) -> bool:

@@ -78,8 +78,7 @@ class Parts:
     kernels: int = 0  # matmul and attention calls
     hidden_bytes: float = 0.0  # one activation of the residual stream (tokens x hidden), for TP's all-reduces
     # float8 casts (trace.FLOAT8_CAST): their ops one by one, as an eager block runs them, and the bytes
-    # compiled kernels move for them (read twice, written once in float8), which torch.compile fuses so
-    # far whatever the share of other elementwise work it leaves
+    # a compiled block's fused cast kernels move (read twice, written once in float8)
     cast_eager: float = 0.0
     cast_compiled: float = 0.0
 
