@@ -67,7 +67,6 @@ def matmul_flops(trace, phase: str) -> int:
     return sum(2 * math.prod(o.dims) for o in trace.ops if o.kind == "mm" and o.phase == phase)
 
 
-@pytest.mark.slow
 def test_the_plans_trace_holds_float8_matmuls_and_each_cast_eager_and_fused():
     """torchao runs a float8 matmul inside its tensor subclass, out of the trace's sight: the trace
     records it from its operands, so the float8 blocks' matmul FLOPs are the bf16 blocks'. Each cast
