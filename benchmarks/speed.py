@@ -82,7 +82,7 @@ def lab(overrides: list[str], warmup: int, profile_dir: Path | None = None, expe
     s = result.summary
     # The overrides too: benchmarks/plan_accuracy.py --predict-from can then put the plan beside the run.
     return {"tokens_per_s": s["perf"]["tokens_per_s"], "mfu": s["perf"]["mfu"], "peak_mib": s["memory"]["peak_mib"],
-            "host_step_s": s["perf"]["host_step_s"], "step_time_s": s["perf"]["step_time_s"], "overrides": [f"+experiment={experiment}", "probes.memory.enabled=true", *overrides]}
+            "host_step_s": s["perf"]["host_step_s"], "step_time_s": s["perf"]["step_time_s"], "overrides": lab_args(overrides, experiment)}
 
 
 def own_layout(overrides: list[str], layout: list[str], variant: list[str]) -> list[str]:
@@ -93,9 +93,14 @@ def own_layout(overrides: list[str], layout: list[str], variant: list[str]) -> l
     return overrides + variant
 
 
+def lab_args(overrides: list[str], experiment: str = "bench_llama1b") -> list[str]:
+    """What a lab run of the benchmark is: `python -m fsdp_lab` with these, the memory probe on."""
+    return [f"+experiment={experiment}", "probes.memory.enabled=true", *overrides]
+
+
 def lab_run(overrides: list[str], experiment: str = "bench_llama1b"):
     """`python -m fsdp_lab +experiment=EXPERIMENT OVERRIDES` with the memory probe on, finished (or exit)."""
-    result = run_lab(f"+experiment={experiment}", "probes.memory.enabled=true", *overrides, timeout=1800)
+    result = run_lab(*lab_args(overrides, experiment), timeout=1800)
     if result.returncode != 0:
         sys.exit(f"lab run failed ({' '.join(overrides)}):\n{result.stderr[-3000:]}")
     return result
