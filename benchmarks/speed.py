@@ -25,7 +25,9 @@ hand-written loop has no checkpointing, so it is refused there), for shapes that
 --profile DIR: each peer's first run profiles its last 2 warm-up steps (the lab through probes.profile)
 into DIR/<peer>/: ops.md, the ops ranked by GPU time per step, and every rank's trace.
 --variant NAME=OVERRIDES (repeatable): the lab once more with these space-separated overrides, as
-the peer `lab:NAME`, alternated with the others: a change's A/B in one invocation, beside the peers."""
+the peer `lab:NAME`, alternated with the others: a change's A/B in one invocation, beside the peers.
+--versus lab:NAME: the variants' ratios against that variant rather than the lab (with --peers leaving
+the lab out: float8 under layout=auto against bf16, `--variant bf16="float8.recipe=none" --versus lab:bf16`)."""
 
 from __future__ import annotations
 
@@ -126,11 +128,23 @@ def medians_of(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
     medians = {name: {key: statistics.median(r[key] for r in rs) for key in ("tokens_per_s", "peak_mib", "host_step_s")
                       if all(r.get(key) is not None for r in rs)}
                for name, rs in runs.items() if rs}
-    if runs.get("lab") and runs["lab"][0]["mfu"]:  # the same model and FLOPs per token: MFU scales with tokens/s
-        flops_rate = statistics.median(r["mfu"] / r["tokens_per_s"] for r in runs["lab"])
+    # The same model and FLOPs per token in every peer: MFU scales with tokens/s. The lab's runs (any
+    # of its columns: an invocation may run only variants) give the rate.
+    lab_runs = [r for name, rs in runs.items() if name == "lab" or name.startswith("lab:") for r in rs if r.get("mfu")]
+    if lab_runs:
+        flops_rate = statistics.median(r["mfu"] / r["tokens_per_s"] for r in lab_runs)
         for m in medians.values():
             m["mfu"] = m["tokens_per_s"] * flops_rate
     return medians
+
+
+def ratio_columns(peers: list[str], variants: dict[str, list[str]], versus: str) -> list[tuple[str, str]]:
+    """(numerator, denominator) of the table's ratios: each lab column against each peer that is not the
+    lab, and each variant against `versus` (the lab, or another variant: float8's against bf16's)."""
+    labs = [name for name in peers if name == "lab" or name in variants]
+    against_peers = [(mine, n) for mine in labs for n in peers if n not in labs]
+    against_versus = [(mine, versus) for mine in labs if mine in variants and mine != versus and versus in peers]
+    return against_peers + against_versus
 
 
 def main() -> None:
@@ -147,6 +161,8 @@ def main() -> None:
     p.add_argument("--profile", type=Path, help="profile each peer's first run into DIR/<peer>/")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDES",
                    help="also run the lab with these space-separated overrides, as the peer lab:NAME")
+    p.add_argument("--versus", default="lab", metavar="COLUMN",
+                   help="the column each variant's ratios are taken against: lab (the default) or lab:NAME")
     a, extra = p.parse_known_args()
     variants = {}
     for v in a.variant:
@@ -155,6 +171,8 @@ def main() -> None:
             p.error(f"--variant={v}: expected NAME=OVERRIDES, the lab's overrides separated by spaces")
         variants[f"lab:{name}"] = overrides.split()
     peers = [name for name in PEERS if name in a.peers.split(",")] + list(variants)
+    if a.versus not in ("lab", *variants):
+        p.error(f"--versus={a.versus}: expected lab or one of the variants ({', '.join(variants) or 'none given'})")
     for flag, value in (("ac", a.ac), ("float8", a.float8)):
         if value != "none" and "hand-written" in peers:
             p.error(f"--{flag}={value}: the hand-written loop has no such option; leave it out of --peers")
@@ -196,8 +214,7 @@ def main() -> None:
     medians = medians_of(runs)
 
     print(f"\n{gpus} GPUs, shape {a.shape}, compile={a.compile}, ac={a.ac}, float8={a.float8}, medians of {a.runs} runs{' ' + ' '.join(extra) if extra else ''}")
-    # Each lab column against each peer that is not the lab, and each variant against the lab.
-    ratios = [(mine, n) for mine in peers if mine == "lab" or mine in variants for n in peers if n not in variants and n != mine]
+    ratios = ratio_columns(peers, variants, a.versus)
     width = max([18] + [len(f"{num}/{den}") + 2 for num, den in ratios])
     print(f"{'':18}" + "".join(f"{name:>14}" for name in peers) + "".join(f"{num + '/' + den:>{width}}" for num, den in ratios))
     for key, label, fmt, scale in (("tokens_per_s", "tokens/s per GPU", "{:14.0f}", 1), ("mfu", "MFU", "{:14.3f}", 1),

@@ -97,3 +97,29 @@ def test_the_yardsticks_loop_reports_the_hosts_time_per_step_beside_the_labs(cut
     medians = kept["medians"]
     for name in ("lab", "hand-written"):
         assert 0 < medians[name]["host_step_s"] < 2 * 32 / medians[name]["tokens_per_s"], name
+
+
+def test_the_variants_ratios_go_against_the_column_versus_names_and_mfu_needs_no_plain_lab_column():
+    """float8 under layout=auto against the lab's bf16, in an invocation that runs no plain lab column."""
+    speed_script = load("speed")
+    variants = {"lab:auto": ["layout=auto"], "lab:bf16": ["float8.recipe=none"]}
+    peers = ["torchtitan", "lab:auto", "lab:bf16"]
+    assert speed_script.ratio_columns(peers, variants, "lab:bf16") == [
+        ("lab:auto", "torchtitan"), ("lab:bf16", "torchtitan"), ("lab:auto", "lab:bf16")]
+    # The default sets each variant against the lab, and against no variant where the lab did not run.
+    assert ("lab:prefetch", "lab") in speed_script.ratio_columns(["lab", "lab:prefetch"], {"lab:prefetch": []}, "lab")
+    assert speed_script.ratio_columns(peers, variants, "lab") == [("lab:auto", "torchtitan"), ("lab:bf16", "torchtitan")]
+    run = {"peak_mib": 1.0, "host_step_s": 0.1}
+    medians = speed_script.medians_of({"torchtitan": [{**run, "tokens_per_s": 80.0}],
+                                       "lab:auto": [{**run, "tokens_per_s": 100.0, "mfu": 0.5}],
+                                       "lab:bf16": [{**run, "tokens_per_s": 60.0, "mfu": 0.3}]})
+    assert medians["torchtitan"]["mfu"] == pytest.approx(0.4) and medians["lab:bf16"]["mfu"] == pytest.approx(0.3)
+
+
+def test_versus_names_a_column_that_runs(monkeypatch, capsys):
+    """Refused before any run starts (in process: nothing is spawned)."""
+    monkeypatch.setattr(sys, "argv", ["speed.py", "--shape", "tiny", "--peers", "lab", "--versus", "lab:none"])
+    with pytest.raises(SystemExit) as refused:
+        load("speed").main()
+    assert refused.value.code == 2
+    assert "--versus=lab:none: expected lab or one of the variants (none given)" in capsys.readouterr().err
