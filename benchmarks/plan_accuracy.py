@@ -110,12 +110,19 @@ def medians(rounds: list[list[dict]]) -> list[dict]:
     return out
 
 
+def as_ran(run: dict) -> list[str]:
+    """A speed.py lab run's overrides, followed by the layout layout=auto chose for it: the plan then
+    prices the layout that ran, not the config's."""
+    chosen = (run.get("layout") or {}).get("chosen") or {}
+    return run["overrides"] + chosen.get("overrides", [])
+
+
 def measured_rows(measured: list[dict] | dict) -> list[dict]:
     """The rows of this script's measured.json, or of benchmarks/speed.py's --json: a row per lab peer
     (the lab and its variants; their runs' median step, largest peak)."""
     if isinstance(measured, list):
         return measured
-    return [{"config": name, "overrides": runs[0]["overrides"], "world_size": measured["gpus"], "runs": len(runs),
+    return [{"config": name, "overrides": as_ran(runs[0]), "world_size": measured["gpus"], "runs": len(runs),
              "step_time_s": statistics.median(r["step_time_s"] for r in runs), "peak_mib": max(r["peak_mib"] for r in runs),
              "host_step_s": statistics.median(r["host_step_s"] for r in runs)}
             for name, runs in measured["runs"].items() if runs and "overrides" in runs[0]]

@@ -82,9 +82,11 @@ def lab(overrides: list[str], warmup: int, profile_dir: Path | None = None, expe
     if profile_dir:
         shutil.copytree(result.run_dir / "profile", profile_dir, dirs_exist_ok=True)
     s = result.summary
-    # The overrides too: benchmarks/plan_accuracy.py --predict-from can then put the plan beside the run.
+    # The overrides too, and under layout=auto what it chose (summary.json's `layout`):
+    # benchmarks/plan_accuracy.py --predict-from can then put the plan beside the run.
     return {"tokens_per_s": s["perf"]["tokens_per_s"], "mfu": s["perf"]["mfu"], "peak_mib": s["memory"]["peak_mib"],
-            "host_step_s": s["perf"]["host_step_s"], "step_time_s": s["perf"]["step_time_s"], "overrides": lab_args(overrides, experiment)}
+            "host_step_s": s["perf"]["host_step_s"], "step_time_s": s["perf"]["step_time_s"], "overrides": lab_args(overrides, experiment),
+            **({"layout": s["layout"]} if "layout" in s else {})}
 
 
 def own_layout(overrides: list[str], layout: list[str], variant: list[str]) -> list[str]:

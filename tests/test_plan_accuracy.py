@@ -52,3 +52,19 @@ def test_the_table_shows_both_memory_predictions_and_their_summary(accuracy):
             f"| {r['estimated_peak_mib']:.0f} | {r['estimated_peak_error']:+.1%} |") in table
     errors = sorted(abs(r["estimated_peak_error"]) for r in rows.values())
     assert f"peak memory, estimate: median |error| {errors[2]:.1%}, max {errors[-1]:.1%}" in table
+
+
+def test_a_layout_auto_run_of_speed_py_is_priced_in_the_layout_it_chose():
+    """speed.py's --json keeps a lab run's summary `layout`; the row appends the chosen overrides (the
+    later key wins when composed), and a run without the record keeps its own."""
+    chosen = ["mesh.dp_shard=4", "fsdp.reshard_after_forward=false", "wrap.group=1"]
+    run = {"tokens_per_s": 1.0, "peak_mib": 2.0, "host_step_s": 0.1, "step_time_s": 0.4}
+    measured = {"gpus": 4, "runs": {
+        "lab:auto": [{**run, "overrides": ["+experiment=bench_llama1b", "layout=auto"],
+                      "layout": {"mode": "auto", "chosen": {"overrides": chosen, "kept": []}}}],
+        "lab:cpu": [{**run, "overrides": ["+experiment=bench_llama1b", "layout=auto"], "layout": {"mode": "auto", "chosen": None}}],
+        "lab": [{**run, "overrides": ["+experiment=bench_llama1b"]}]}}
+    rows = {r["config"]: r for r in load("plan_accuracy").measured_rows(measured)}
+    assert rows["lab:auto"]["overrides"] == ["+experiment=bench_llama1b", "layout=auto", *chosen]
+    assert rows["lab:cpu"]["overrides"] == ["+experiment=bench_llama1b", "layout=auto"]
+    assert rows["lab"]["overrides"] == ["+experiment=bench_llama1b"]
