@@ -38,6 +38,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -204,12 +205,16 @@ def main() -> None:
     for run in range(a.runs):
         for name in peers if run % 2 == 0 else peers[::-1]:
             profile_dir = a.profile / name.replace(":", "-") if a.profile and run == 0 else None
+            started = time.monotonic()
             if name == "lab" or name in variants:
                 figures = lab(own_layout(lab_overrides, layout, variants.get(name, [])), shape["warmup"], profile_dir, experiment)
             else:
                 figures = peer(name, gpus, args + ([f"--profile={profile_dir}"] if profile_dir else []), a.peer_path)
-            runs[name].append({**figures, "at": sum(map(len, runs.values()))})
-            print(f"{name:13} {figures['tokens_per_s']:10.0f} tokens/s  {figures['peak_mib']:9.0f} MiB", flush=True)
+            # The run's whole process time (start-up, compiling, layout=auto's planning): what an
+            # invocation costs on a metered machine, per peer.
+            wall_s = time.monotonic() - started
+            runs[name].append({**figures, "at": sum(map(len, runs.values())), "wall_s": wall_s})
+            print(f"{name:13} {figures['tokens_per_s']:10.0f} tokens/s  {figures['peak_mib']:9.0f} MiB  {wall_s:6.0f} s", flush=True)
             if a.json:  # after every run: an invocation cut off by a time limit keeps the runs it made
                 a.json.write_text(json.dumps({"gpus": gpus, "compile": a.compile, "shape": a.shape, "float8": a.float8, "extra": extra,
                                               "runs": runs, "medians": medians_of(runs)}, indent=1))

@@ -42,6 +42,7 @@ def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path, cut_short):
     assert list(runs) == ["lab", "lab:prefetch"] and all(r["tokens_per_s"] > 0 for rs in runs.values() for r in rs)
     # Each round in the reverse order of the one before: lab first and last, the variant in between.
     assert [r["at"] for r in runs["lab"]] == [0, 3] and [r["at"] for r in runs["lab:prefetch"]] == [1, 2]
+    assert all(r["wall_s"] > 1 for rs in runs.values() for r in rs)  # a lab run's whole process, spawn included
     assert "lab:prefetch/lab" in result.stdout
     # Each lab run keeps its overrides, so that plan_accuracy.py can predict the runs of a speed.py --json.
     assert all(r["overrides"][0] == "+experiment=bench_llama1b" for rs in runs.values() for r in rs)
