@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -65,16 +66,15 @@ class OpRecorder(TorchDispatchMode):
 
     def record(self, name: str, tensors: list[torch.Tensor]) -> None:
         """One fused elementwise kernel that reads and writes `tensors`."""
-        in_bwd = torch._C._current_graph_task_id() != -1
-        self.dispatched.append(in_bwd)
+        self.dispatched.append(_in_backward())
         dtype = str(tensors[0].dtype).removeprefix("torch.")
-        self.ops.append(Op(name, "mem", "bwd" if in_bwd else "fwd", (_nbytes(tensors),), dtype))
+        self.ops.append(Op(name, "mem", _phase(), (_nbytes(tensors),), dtype))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if self.paused:
             return out
-        self.dispatched.append(torch._C._current_graph_task_id() != -1)
+        self.dispatched.append(_in_backward())
         op = _classify(func, args, kwargs or {}, out)
         if op is not None:
             self.ops.append(dataclasses.replace(op, name=self.prefix + op.name) if self.prefix else op)
@@ -146,7 +146,7 @@ def _classify(func, args, kwargs, out) -> Op | None:
     if namespace != "aten" or name in FREE:
         return None
     flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-    phase = "bwd" if torch._C._current_graph_task_id() != -1 else "fwd"
+    phase = _phase()
     if name in MATMULS and any(float8_operand(t) for t in args[-2:]):
         # torchao's float8 matmul: the subclass runs it (emulated on this CPU) where this mode cannot see
         # it. Recorded in its operands' high-precision dtype: the cost model prices the blocks' converted
@@ -166,6 +166,15 @@ def _classify(func, args, kwargs, out) -> Op | None:
     outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     written = [t for t in outs if not any(t is i for i in flat_in)]
     return Op(name, "mem", phase, (_nbytes(flat_in) + _nbytes(written),), dtype)
+
+
+def _in_backward() -> bool:
+    """Whether autograd's engine is running: the op belongs to a backward pass."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _phase() -> str:
+    return "bwd" if _in_backward() else "fwd"
 
 
 def _matmul(name: str, args, phase: str, dtype: str) -> Op:
@@ -192,8 +201,6 @@ class _Float8Casts:
         self.patched: list[tuple[object, object]] = []
 
     def __enter__(self):
-        import sys
-
         recorder = self.recorder
         for module in [m for name, m in sys.modules.items() if name.startswith("torchao.float8") and m is not None]:
             original = getattr(module, self.NAME, None)
@@ -209,9 +216,8 @@ class _Float8Casts:
                 finally:
                     recorder.prefix = ""
                 local = hp_tensor.to_local() if hasattr(hp_tensor, "to_local") else hp_tensor
-                phase = "bwd" if torch._C._current_graph_task_id() != -1 else "fwd"
                 dtype = str(local.dtype).removeprefix("torch.")
-                recorder.ops.append(Op(FLOAT8_CAST, "cast", phase, (local.numel() * (2 * local.element_size() + 1),), dtype))
+                recorder.ops.append(Op(FLOAT8_CAST, "cast", _phase(), (local.numel() * (2 * local.element_size() + 1),), dtype))
                 return out
 
             self.patched.append((module, original))
