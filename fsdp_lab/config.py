@@ -385,6 +385,9 @@ class PlanConfig:
     memory with 73.4 GiB allocated of 79.2 (the allocator wanted over 7% more than its live tensors)."""
     top: int = bounded(15, ge=1)
     """Rows printed (plan.json keeps every candidate); each one shown as fitting has mode=estimate's peak."""
+    workers: int = bounded(0, ge=0)
+    """Processes that trace the candidates side by side (fsdp_lab/plan/side_by_side.py); 0 = one per CPU
+    core where the traces are slow enough to gain by it (8B: seconds each), 1 = all in this process."""
     validate: int = bounded(0, ge=0)
     """Run the best K fitting candidates here (GPUs: plan.gpus of them) and add measured step time and peak."""
     validate_repeats: int = bounded(3, ge=1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from contextlib import nullcontext
 
 import torch
@@ -123,17 +124,19 @@ def apply_layout(cfg: DictConfig, task_overrides: list[str]) -> DictConfig:
         _say(f"layout=auto: {reason}; keeping the config's layout")
         return _recorded(cfg, {"mode": "auto", "device": None, "chosen": None, "reason": reason})
     gpus = int(explicit["plan.gpus"]) if "plan.gpus" in explicit else _gpus_of(run, visible)
+    start = time.perf_counter()
     chosen = pick(planned(run, table, gpus), pinned_keys(cfg, explicit))
+    plan_s = round(time.perf_counter() - start, 1)  # what choosing added to the run's start
     if chosen is None:
         reason = f"no candidate of the plan for {gpus} x {table} fits and agrees with {' '.join(task_overrides) or 'the config'}"
         _say(f"layout=auto: {reason}; keeping the config's layout")
-        return _recorded(cfg, {"mode": "auto", "device": table, "gpus": gpus, "chosen": None, "reason": reason})
+        return _recorded(cfg, {"mode": "auto", "device": table, "gpus": gpus, "chosen": None, "reason": reason, "plan_s": plan_s})
     p = chosen["predicted"]
     _say(f"layout=auto: {' '.join(chosen['overrides'])} on {gpus} x {table} (plan's #{chosen['plan_rank']} of {chosen['candidates']}"
          + (f", keeping {' '.join(chosen['kept'])}" if chosen["kept"] else "")
-         + f"): predicted step {p['step_time_s'] * 1e3:.1f} ms, peak {p['peak_mib'] / 1024:.2f} GiB")
+         + f"): predicted step {p['step_time_s'] * 1e3:.1f} ms, peak {p['peak_mib'] / 1024:.2f} GiB; planned in {plan_s:g} s")
     record = {"mode": "auto", "device": table, "gpus": gpus, "chosen": {"overrides": chosen["overrides"], "kept": chosen["kept"]},
-              "predicted": p}
+              "predicted": p, "plan_s": plan_s}
     own = [o for o in task_overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]  # the app's, not the run's
     return _recorded(compose_with(own + chosen["overrides"]), record)
 

@@ -23,6 +23,7 @@ SCHEMA: dict[str, str] = {
     "layout.gpus": "the GPUs planned for",
     "layout.chosen": "{overrides: the candidate's keys applied, kept: the command line's keys it agreed with}, or null (the config's layout kept)",
     "layout.reason": "why the config's layout was kept",
+    "layout.plan_s": "seconds the plan took to choose: what layout=auto added to the run's start",
     "layout.predicted": "the plan's step_time_s, peak_mib and tokens_per_s_per_gpu for the chosen layout",
     "parity": "the parity probe's verdict; {enabled: false} when it is off",
     "parity.enabled": "whether the probe ran",

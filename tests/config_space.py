@@ -14,9 +14,10 @@ from fsdp_lab.config import RunConfig
 from fsdp_lab.models import SPECS
 
 # What the space never sets: where metrics go (W&B would reach for the network), paths, run names,
-# timeouts (a hang would wait them out), and what the structure of an example draws (mode, family).
+# timeouts (a hang would wait them out), how many processes trace a plan (the same figures by any
+# count: tests/test_plan_side_by_side.py), and what the structure of an example draws (mode, family).
 NOT_DRAWN = {"logger", "checkpoint.resume", "launch.timeout_s", "name", "mode", "model.name", "model.build", "model.model_type",
-             "model.config_path", "model.config", "model.features", "hydra"}
+             "model.config_path", "model.config", "model.features", "hydra", "plan.workers"}
 ALWAYS = ["logger=none"]
 
 # A model of each family small enough to build, trace and train in well under a second.

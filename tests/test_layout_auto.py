@@ -47,6 +47,7 @@ def test_a_given_device_table_sets_the_layout_and_keeps_what_the_command_line_se
     applied = dict(o.split("=", 1) for o in record["chosen"]["overrides"])
     assert int(applied["train.batch_size"]) == run.train.batch_size and int(applied["train.microbatches"]) == run.train.microbatches
     assert 0 < record["predicted"]["step_time_s"] and 0 < record["predicted"]["peak_mib"] < 80 * 1024
+    assert record["plan_s"] > 0, "what choosing added to the run's start"
 
 
 def test_on_cpu_the_config_s_layout_is_kept_and_the_line_says_why(tmp_path):

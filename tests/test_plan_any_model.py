@@ -186,8 +186,7 @@ def test_candidates_past_two_microbatches_of_one_size_share_one_estimate(llama_p
     predictor.estimated_peaks.clear()
     try:
         shown = [Candidate(lay, {"peak_mib": 0.0, "memory_from": "closed form"}, True, 1.0, 0.1) for lay in (four, eight)]
-        for c in shown:
-            _verify(run, c, predictor, predictor.device.memory_bytes)
+        _verify(run, shown, predictor, predictor.device.memory_bytes)
         assert list(predictor.estimated_peaks) == [dataclasses.replace(base, microbatches=2)]
         assert shown[0].prediction["peak_mib"] == shown[1].prediction["peak_mib"] == estimated_peak_mib(run, eight, BLOCKS["llama"])
     finally:
@@ -220,7 +219,7 @@ def test_every_candidate_shown_as_fitting_has_the_estimate_s_peak_and_the_margin
     for factor, fitting in ((0.999, True), (1.001, False)):
         tight = dataclasses.replace(run, plan=dataclasses.replace(run.plan, memory_margin=margin * factor))
         again = dataclasses.replace(fifth, prediction={**fifth.prediction, "memory_from": "closed form"}, fits=True)
-        _verify(tight, again, predictor, memory)  # the estimate kept in the predictor: no trace again
+        _verify(tight, [again], predictor, memory)  # the estimate kept in the predictor: no trace again
         assert again.prediction["memory_from"] == "estimate" and again.fits is fitting
     assert f"plan.memory_margin={run.plan.memory_margin:.2f}" in rule(run, memory)
 

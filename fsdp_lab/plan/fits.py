@@ -59,6 +59,14 @@ def traced_as(layout: Layout) -> Layout:
     return dataclasses.replace(layout, microbatches=2)
 
 
+def estimated_as(layout: Layout) -> Layout:
+    """The layout whose mode=estimate peak stands for this one's. A rank holds what its shard group, tp
+    and pipeline stage give it: the replicas around it (HSDP's all-reduce works in the reduce-scatter's
+    output) and compiling (traced eager) leave it as it is, so layouts that differ only there, or in
+    microbatches beyond the 2 traced, share one estimate, taken on the smallest world."""
+    return dataclasses.replace(traced_as(layout), dp_replicate=1, compile=False)
+
+
 def at_most_two_microbatches(run: RunConfig, layout: Layout) -> RunConfig:
     """The estimate's run with the microbatches of traced_as(layout)."""
     if traced_as(layout) == layout:

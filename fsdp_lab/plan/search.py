@@ -14,8 +14,9 @@ from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.mesh import ParallelDims, degrees
 from fsdp_lab.models import build_meta
 from fsdp_lab.plan.cost import Layout
-from fsdp_lab.plan.fits import estimable, estimated_peak_mib, fits, traced_as
+from fsdp_lab.plan.fits import estimable, estimated_as, estimated_peak_mib, fits
 from fsdp_lab.plan.predict import Predictor
+from fsdp_lab.plan.side_by_side import side_by_side
 from fsdp_lab.validate import check_run
 
 AC_MODES = ("none", "full")
@@ -127,25 +128,22 @@ def rank(run: RunConfig, predictor: Predictor, samples: int, flops_per_token: fl
     order = lambda c: (not c.fits, -c.tokens_per_s)  # noqa: E731
     out.sort(key=order)
     while unverified := [c for c in out[: run.plan.top] if c.fits and c.prediction["memory_from"] == "closed form"]:
-        for c in unverified:
-            _verify(run, c, predictor, memory)
+        _verify(run, unverified, predictor, memory)
         out.sort(key=order)
     return out
 
 
-def _verify(run: RunConfig, c: Candidate, predictor: Predictor, memory: float) -> None:
-    """The candidate's fits by the estimate's peak; one the estimate does not take cannot be shown as fitting."""
-    if not estimable(run, c.layout):
-        c.prediction["memory_from"], c.fits = "closed form, not estimable", False
-        return
-    # A rank holds what its shard group, tp and pipeline stage give it: the replicas around it (HSDP's
-    # all-reduce works in the reduce-scatter's output) and compiling (traced eager) leave it as it is,
-    # so candidates that differ only there, or in microbatches beyond the 2 traced, share one estimate,
-    # taken on the smallest world.
-    same = dataclasses.replace(traced_as(c.layout), dp_replicate=1, compile=False)
+def _verify(run: RunConfig, candidates: list[Candidate], predictor: Predictor, memory: float) -> None:
+    """Each candidate's fits by mode=estimate's peak, the traces not yet taken side by side
+    (plan.workers); one the estimate does not take cannot be shown as fitting."""
+    for c in candidates:
+        if not estimable(run, c.layout):
+            c.prediction["memory_from"], c.fits = "closed form, not estimable", False
+    estimated = [c for c in candidates if c.prediction["memory_from"] == "closed form"]
     peaks = predictor.estimated_peaks
-    if same not in peaks:
-        peaks[same] = estimated_peak_mib(run, same, predictor.facts.layers)
-    peak = peaks[same]
-    c.prediction.update(peak_mib=peak, memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])
-    c.fits = fits(peak, run, memory)
+    todo = [layout for layout in dict.fromkeys(estimated_as(c.layout) for c in estimated) if layout not in peaks]
+    peaks.update(zip(todo, side_by_side(estimated_peak_mib, [(run, layout, predictor.facts.layers) for layout in todo], run.plan.workers)))
+    for c in estimated:
+        peak = peaks[estimated_as(c.layout)]
+        c.prediction.update(peak_mib=peak, memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])
+        c.fits = fits(peak, run, memory)
