@@ -214,7 +214,9 @@ def main() -> None:
             # invocation costs on a metered machine, per peer.
             wall_s = time.monotonic() - started
             runs[name].append({**figures, "at": sum(map(len, runs.values())), "wall_s": wall_s})
-            print(f"{name:13} {figures['tokens_per_s']:10.0f} tokens/s  {figures['peak_mib']:9.0f} MiB  {wall_s:6.0f} s", flush=True)
+            plan_s = figures.get("layout", {}).get("plan_s")  # layout=auto's share of the run's start
+            print(f"{name:13} {figures['tokens_per_s']:10.0f} tokens/s  {figures['peak_mib']:9.0f} MiB  {wall_s:6.0f} s"
+                  + (f" (planning {plan_s:g} s)" if plan_s is not None else ""), flush=True)
             if a.json:  # after every run: an invocation cut off by a time limit keeps the runs it made
                 a.json.write_text(json.dumps({"gpus": gpus, "compile": a.compile, "shape": a.shape, "float8": a.float8, "extra": extra,
                                               "runs": runs, "medians": medians_of(runs)}, indent=1))
