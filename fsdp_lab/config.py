@@ -388,6 +388,9 @@ class PlanConfig:
     workers: int = bounded(0, ge=0)
     """Processes that trace the candidates side by side (fsdp_lab/plan/side_by_side.py); 0 = one per CPU
     core where the traces are slow enough to gain by it (8B: seconds each), 1 = all in this process."""
+    cache: bool = True
+    """layout=auto takes the choice an earlier run with the same inputs made, instead of planning again
+    (fsdp_lab/layout_cache.py); false plans afresh."""
     validate: int = bounded(0, ge=0)
     """Run the best K fitting candidates here (GPUs: plan.gpus of them) and add measured step time and peak."""
     validate_repeats: int = bounded(3, ge=1)

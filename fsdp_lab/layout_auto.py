@@ -6,7 +6,8 @@ and peak, and summary.json's `layout` records both beside the measured figures.
 
 Where no device table describes the GPUs (CPU, or a GPU the plan has no table for) it says so in one
 line and keeps the config's layout; `plan.device=NAME` (and `plan.gpus=N`) on the command line name
-the table (and the GPUs) to plan for instead. A sweep's jobs each choose for their own overrides."""
+the table (and the GPUs) to plan for instead. A sweep's jobs each choose for their own overrides. A
+run with the same inputs as an earlier one takes that run's choice without planning (layout_cache.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from omegaconf import DictConfig
 from fsdp_lab.compose import CONF_DIR, to_run_config
 from fsdp_lab.config import RunConfig
 from fsdp_lab.dist import is_rank_process
+from fsdp_lab.layout_cache import choice_key, keep_choice, kept_choice
 
 # The device tables (fsdp_lab/plan/devices/) by a word of the GPU's name, and the least memory (GiB)
 # a GPU of that name has for the table to describe it.
@@ -125,7 +127,14 @@ def apply_layout(cfg: DictConfig, task_overrides: list[str]) -> DictConfig:
         return _recorded(cfg, {"mode": "auto", "device": None, "chosen": None, "reason": reason})
     gpus = int(explicit["plan.gpus"]) if "plan.gpus" in explicit else _gpus_of(run, visible)
     start = time.perf_counter()
-    chosen = pick(planned(run, table, gpus), pinned_keys(cfg, explicit))
+    pinned = pinned_keys(cfg, explicit)
+    key = choice_key(run, table, gpus, pinned)
+    chosen = kept_choice(key) if key else None
+    kept = chosen is not None
+    if not kept:
+        chosen = pick(planned(run, table, gpus), pinned)
+        if chosen is not None and key:
+            keep_choice(key, chosen)
     plan_s = round(time.perf_counter() - start, 1)  # what choosing added to the run's start
     if chosen is None:
         reason = f"no candidate of the plan for {gpus} x {table} fits and agrees with {' '.join(task_overrides) or 'the config'}"
@@ -134,9 +143,10 @@ def apply_layout(cfg: DictConfig, task_overrides: list[str]) -> DictConfig:
     p = chosen["predicted"]
     _say(f"layout=auto: {' '.join(chosen['overrides'])} on {gpus} x {table} (plan's #{chosen['plan_rank']} of {chosen['candidates']}"
          + (f", keeping {' '.join(chosen['kept'])}" if chosen["kept"] else "")
-         + f"): predicted step {p['step_time_s'] * 1e3:.1f} ms, peak {p['peak_mib'] / 1024:.2f} GiB; planned in {plan_s:g} s")
+         + f"): predicted step {p['step_time_s'] * 1e3:.1f} ms, peak {p['peak_mib'] / 1024:.2f} GiB; "
+         + ("the choice an earlier run with the same inputs made (plan.cache=false plans again)" if kept else f"planned in {plan_s:g} s"))
     record = {"mode": "auto", "device": table, "gpus": gpus, "chosen": {"overrides": chosen["overrides"], "kept": chosen["kept"]},
-              "predicted": p, "plan_s": plan_s}
+              "predicted": p, "plan_s": plan_s, "from_cache": kept}
     own = [o for o in task_overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]  # the app's, not the run's
     return _recorded(compose_with(own + chosen["overrides"]), record)
 

@@ -24,6 +24,7 @@ SCHEMA: dict[str, str] = {
     "layout.chosen": "{overrides: the candidate's keys applied, kept: the command line's keys it agreed with}, or null (the config's layout kept)",
     "layout.reason": "why the config's layout was kept",
     "layout.plan_s": "seconds the plan took to choose: what layout=auto added to the run's start",
+    "layout.from_cache": "the choice an earlier run with the same inputs made, taken without planning (fsdp_lab/layout_cache.py)",
     "layout.predicted": "the plan's step_time_s, peak_mib and tokens_per_s_per_gpu for the chosen layout",
     "parity": "the parity probe's verdict; {enabled: false} when it is off",
     "parity.enabled": "whether the probe ran",

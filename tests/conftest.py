@@ -1,4 +1,6 @@
+import os
 import sys
+import tempfile
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
@@ -13,6 +15,16 @@ sys.path.insert(0, str(LAUNCHERS))
 from fsdp_lab import compose  # noqa: E402
 import worlds  # noqa: E402
 from tiers import MARKER, in_process_only  # noqa: E402
+
+
+# layout=auto's kept choices (fsdp_lab/layout_cache.py) go to a directory of this session's, never the
+# user's; each test gets its own (keep_choices_apart), so no test takes a choice another test's run made.
+os.environ["FSDP_LAB_CACHE"] = tempfile.mkdtemp(prefix="fsdp_lab_cache_")
+
+
+@pytest.fixture(autouse=True)
+def keep_choices_apart(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("FSDP_LAB_CACHE", str(tmp_path_factory.mktemp("cache")))
 
 
 def _tier_guard(item):

@@ -92,4 +92,4 @@ def _check_inputs(cfg: CustomConfig, model: ForeignModel, seq_len: int) -> None:
         raise ConfigError(f"model.inputs={cfg.inputs}: for {what} the model returns logits {shape}; expected {expected} ({size})")
 
 
-SPEC = ModelSpec(name="custom", config=CustomConfig, build=build, manual_ac=False, check=check)
+SPEC = ModelSpec(name="custom", config=CustomConfig, build=build, manual_ac=False, check=check, outside_config=lambda cfg: None)

@@ -193,8 +193,16 @@ def check(cfg: HFConfig, run, dims, model: ForeignModel) -> None:
         )
 
 
+def outside_config(cfg: HFConfig) -> str:
+    """The transformers config as read (model_type's defaults, or a checkpoint's config.json) and the
+    transformers release whose modeling code runs it."""
+    import transformers
+
+    return f"transformers {transformers.__version__}: {hf_config(cfg).to_json_string()}"
+
+
 SPEC = ModelSpec(
     name="hf", config=HFConfig, build=build, init_module=init_module, tp_plan=tp_plan, manual_ac=False,
     tied=lambda cfg: bool(getattr(hf_config(cfg), "tie_word_embeddings", False)), tied_key="model.config.tie_word_embeddings",
-    check=check, load=load,
+    check=check, load=load, outside_config=outside_config,
 )

@@ -48,6 +48,10 @@ def _untied(cfg: Any) -> bool:
     return False
 
 
+def _nothing_outside(cfg: Any) -> str:
+    return ""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -78,6 +82,10 @@ class ModelSpec:
     load: Optional[Callable[[Any, nn.Module], None]] = None
     """(config, materialised model, possibly sharded) -> overwrite its local shards with trained
     weights (model.pretrained); None = the seed's initialisation stands."""
+    outside_config: Callable[[Any], Optional[str]] = _nothing_outside
+    """config -> what defines the model beyond its config and the lab's own source, as text that
+    layout=auto's kept choices are keyed on (fsdp_lab/layout_cache.py); None = code the lab cannot
+    see (a user's module), whose runs always plan."""
     with_blocks: Optional[Callable[[Any, int], Any]] = None
     """(config, n) -> the same model's config with its first n blocks (mode=plan traces a few blocks);
     None = the model is built whole and its block list cut (fsdp_lab/models/depth.py)."""
