@@ -19,6 +19,7 @@ from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import families_with
 from fsdp_lab.models.spec import ModelSpec
 from fsdp_lab.modules import unwrap
+from fsdp_lab.parallel.wrap import wrap_units
 from fsdp_lab.step import forward_backward, unmeasured
 
 
@@ -45,6 +46,14 @@ class StandaloneLayer:
         return loss
 
 
+def _gathers_alone(block: nn.Module, units: list[nn.Module]) -> bool:
+    """Whether every parameter of `block` is in an FSDP unit at or inside it (what FSDP2 gathers when
+    the block runs with no root around it); the root unit holds the rest."""
+    inside = {id(m) for m in block.modules()}
+    covered = {id(p) for unit in units if id(unit) in inside for p in unit.parameters()}
+    return all(id(p) in covered for p in block.parameters())
+
+
 def check_module_calls(run: RunConfig, dims: ParallelDims, device_type: str, spec: ModelSpec, built) -> None:
     """Settings that call the model's modules in other ways than one forward of the whole model."""
     model, t, f = run.model, run.train, run.fsdp
@@ -63,6 +72,10 @@ def check_module_calls(run: RunConfig, dims: ParallelDims, device_type: str, spe
             raise ConfigError(f"train.standalone_layer={t.standalone_layer}: a block index in 0..{n_blocks - 1} (model.n_layers={n_blocks})")
         if run.mesh.engine == "fsdp1":
             raise ConfigError(f"train.standalone_layer={t.standalone_layer} with mesh.engine=fsdp1: an inner FSDP1 unit cannot run alone; allowed: mesh.engine=fsdp2|ddp")
+        if run.mesh.engine == "fsdp2" and not _gathers_alone(built.blocks[t.standalone_layer], wrap_units(built, run.wrap)):
+            raise ConfigError(f"train.standalone_layer={t.standalone_layer} with wrap.policy={run.wrap.policy}: a unit around the block holds some of "
+                              "its parameters and does not gather them when the block runs alone; allowed: wrap=block, or a policy that makes "
+                              "every module holding the block's parameters a unit")
     if run.wrap.group > 1:
         for key, value in (("model.layer_order", layer_order), ("train.standalone_layer", t.standalone_layer)):
             if value is not None:

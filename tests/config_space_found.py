@@ -31,6 +31,8 @@ FOUND = [
     # a fault that cannot fire: no step, or one past train.steps.
     ["logger=none", "model=transformer", "fault.kind=corrupt_grad", "fault.module=layers.1"],
     ["logger=none", "model=transformer", "fault.kill_rank=0", "fault.at_step=20"],
+    # a block run alone whose parameters the root unit holds (wrap=root): DTensor's "mixed torch.Tensor and DTensor" on rank 0.
+    ["logger=none", "model=mlp_stack", "wrap=root", "train.standalone_layer=0"],
 ]
 
 FOUND_TRAINING = [

@@ -40,6 +40,9 @@ from fsdp_lab.config import ConfigError
          "wrap.group=2 with mesh.engine=fsdp1: only fully_shard shards several modules as one unit; allowed: 1, or mesh.engine=fsdp2"),
         ("wrap.group=2 model.layer_order=[0,0,1]",
          "model.layer_order=[0, 0, 1] with wrap.group=2: grouped units run each block once, in order; allowed: wrap.group=1"),
+        ("model=mlp_stack wrap=root train.standalone_layer=0",
+         "train.standalone_layer=0 with wrap.policy=root: a unit around the block holds some of its parameters and does not gather them "
+         "when the block runs alone; allowed: wrap=block, or a policy that makes every module holding the block's parameters a unit"),
         ("mesh=hsdp mesh.cpu_world_size=6 mesh.dp_replicate=4",
          "mesh: pp=1 x dp_replicate=4 x tp=1 = 4 does not divide the world size 6, so mesh.dp_shard=-1 cannot fill it"),
     ],
