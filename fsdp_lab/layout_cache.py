@@ -44,9 +44,12 @@ def _source_digest() -> str:
 def _releases(run: RunConfig) -> list[str]:
     releases = [f"torch {torch.__version__}"]
     if run.float8.recipe != "none":
-        from importlib.metadata import version
+        from importlib.metadata import PackageNotFoundError, version
 
-        releases.append(f"torchao {version('torchao')}")
+        try:
+            releases.append(f"torchao {version('torchao')}")
+        except PackageNotFoundError:  # the run's checks refuse float8 without torchao in one line, after the choice
+            releases.append("no torchao")
     return releases
 
 

@@ -70,3 +70,19 @@ def test_a_model_whose_code_the_lab_cannot_see_is_never_kept():
     hf = to_run_config(compose_cfg("model=hf", "model.model_type=llama", *(f"model.config.{kv}" for kv in HF_ALWAYS["llama"])))
     assert choice_key(hf, "h100-80gb", 2, {}) is not None
     assert f"transformers {transformers.__version__}: " in model_spec("hf").outside_config(hf.model), "model=hf keys on its release too"
+
+
+def test_float8_keys_on_torchao_s_release_and_a_missing_torchao_is_no_traceback(monkeypatch):
+    import importlib.metadata
+
+    run = to_run_config(compose_cfg("debug=cpu_tiny", "float8.recipe=tensorwise"))
+    with_torchao = choice_key(run, "h100-80gb", 2, {})
+    release = importlib.metadata.version
+
+    def missing(name):
+        if name == "torchao":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return release(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert choice_key(run, "h100-80gb", 2, {}) not in (None, with_torchao)
