@@ -130,8 +130,8 @@ def apply_layout(cfg: DictConfig, task_overrides: list[str]) -> DictConfig:
     pinned = pinned_keys(cfg, explicit)
     key = choice_key(run, table, gpus, pinned)
     chosen = kept_choice(key) if key else None
-    kept = chosen is not None
-    if not kept:
+    from_cache = chosen is not None
+    if not from_cache:
         chosen = pick(planned(run, table, gpus), pinned)
         if chosen is not None and key:
             keep_choice(key, chosen)
@@ -144,9 +144,9 @@ def apply_layout(cfg: DictConfig, task_overrides: list[str]) -> DictConfig:
     _say(f"layout=auto: {' '.join(chosen['overrides'])} on {gpus} x {table} (plan's #{chosen['plan_rank']} of {chosen['candidates']}"
          + (f", keeping {' '.join(chosen['kept'])}" if chosen["kept"] else "")
          + f"): predicted step {p['step_time_s'] * 1e3:.1f} ms, peak {p['peak_mib'] / 1024:.2f} GiB; "
-         + ("the choice an earlier run with the same inputs made (plan.cache=false plans again)" if kept else f"planned in {plan_s:g} s"))
+         + ("the choice an earlier run with the same inputs made (plan.cache=false plans again)" if from_cache else f"planned in {plan_s:g} s"))
     record = {"mode": "auto", "device": table, "gpus": gpus, "chosen": {"overrides": chosen["overrides"], "kept": chosen["kept"]},
-              "predicted": p, "plan_s": plan_s, "from_cache": kept}
+              "predicted": p, "plan_s": plan_s, "from_cache": from_cache}
     own = [o for o in task_overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]  # the app's, not the run's
     return _recorded(compose_with(own + chosen["overrides"]), record)
 
