@@ -1,6 +1,4 @@
-import os
 import sys
-import tempfile
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
@@ -17,13 +15,18 @@ import worlds  # noqa: E402
 from tiers import MARKER, in_process_only  # noqa: E402
 
 
-# layout=auto's kept choices (fsdp_lab/layout_cache.py) go to a directory of this session's, never the
-# user's; each test gets its own (keep_choices_apart), so no test takes a choice another test's run made.
-os.environ["FSDP_LAB_CACHE"] = tempfile.mkdtemp(prefix="fsdp_lab_cache_")
+@pytest.fixture(autouse=True, scope="session")
+def no_user_cache(tmp_path_factory):
+    """layout=auto's kept choices (fsdp_lab/layout_cache.py) go to a directory of this session's, never
+    the user's; set before any module-scoped fixture starts a run."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FSDP_LAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 @pytest.fixture(autouse=True)
 def keep_choices_apart(monkeypatch, tmp_path_factory):
+    """Each test its own directory: no test takes a choice another test's run made."""
     monkeypatch.setenv("FSDP_LAB_CACHE", str(tmp_path_factory.mktemp("cache")))
 
 

@@ -1,8 +1,9 @@
 """The plan's traces side by side. A plan traces the model under fake tensors a few dozen times (the
 cost model's shapes per AC mode, then mode=estimate's peak for each candidate shown as fitting), each
 independent of the others, and at 8B one trace takes seconds on one core: an 8B float8 plan traces
-torchao's casts too, and under layout=auto its runs started 70-85 s later than the same run without
-(4xH100, 2026-11-27). Spawned processes, one per CPU core this process may use, take them side by side.
+torchao's casts too, and its runs under layout=auto took 123-137 s from start to finish against
+torchtitan's 40-58 s (4xH100, 2026-11-27). Spawned processes, one per CPU core this process may use,
+take them side by side.
 
 A pool costs its start (each process imports torch anew), so under plan.workers=0 the first trace
 runs here and times the rest: they go to a pool only where that is predicted to finish first. The
@@ -22,8 +23,8 @@ from typing import Callable
 
 from fsdp_lab.config import ConfigError
 
-# Seconds a spawned pool takes before its first trace starts (torch and the lab imported in each
-# process: 3-4 s on this project's 2-core CI machine).
+# Seconds a spawned pool adds to its traces (torch, the lab and torchao imported in each process):
+# 3.2-3.7 s on this project's 2-core CI machine (benchmarks/plan_pool_start.py), rounded up.
 POOL_START_S = 4.0
 
 

@@ -66,9 +66,10 @@ class OpRecorder(TorchDispatchMode):
 
     def record(self, name: str, tensors: list[torch.Tensor]) -> None:
         """One fused elementwise kernel that reads and writes `tensors`."""
-        self.dispatched.append(_in_backward())
+        phase = _phase()
+        self.dispatched.append(phase == "bwd")
         dtype = str(tensors[0].dtype).removeprefix("torch.")
-        self.ops.append(Op(name, "mem", _phase(), (_nbytes(tensors),), dtype))
+        self.ops.append(Op(name, "mem", phase, (_nbytes(tensors),), dtype))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
