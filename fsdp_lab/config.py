@@ -386,7 +386,7 @@ class PlanConfig:
     top: int = bounded(15, ge=1)
     """Rows printed (plan.json keeps every candidate); each one shown as fitting has mode=estimate's peak."""
     workers: int = bounded(0, ge=0)
-    """Processes that trace the candidates side by side (fsdp_lab/plan/side_by_side.py); 0 = one per CPU
+    """Processes that take the plan's traces side by side, one pool a plan (fsdp_lab/plan/side_by_side.py); 0 = one per CPU
     core where the traces are slow enough to gain by it (8B: seconds each), 1 = all in this process."""
     cache: bool = True
     """layout=auto takes the choice an earlier run with the same inputs made, instead of planning again

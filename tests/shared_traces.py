@@ -19,7 +19,7 @@ def traces_shared():
     trace_step = fsdp_lab.plan.trace.trace_step
     traced = {}
 
-    def shared(run, *, layers, batch, ac):
+    def shared(run, layers, batch, ac):
         key = repr((dataclasses.replace(run, plan=None), layers, batch, ac))
         if key not in traced:
             traced[key] = trace_step(run, layers=layers, batch=batch, ac=ac)

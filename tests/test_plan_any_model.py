@@ -23,6 +23,7 @@ from fsdp_lab.plan.fits import estimated_peak_mib, needed_mib, rule
 from fsdp_lab.plan.predict import Predictor, layout_of, traced_shapes
 from fsdp_lab.plan.run import best_fitting_layout, gpus_per_node, plan, render, run_plan
 from fsdp_lab.plan.search import Candidate, _verify
+from fsdp_lab.plan.side_by_side import SideBySide
 from fsdp_lab.plan.trace import model_facts
 from fsdp_lab.plan.validate_runs import summarise
 from shared_traces import traces_shared
@@ -186,7 +187,7 @@ def test_candidates_past_two_microbatches_of_one_size_share_one_estimate(llama_p
     predictor.estimated_peaks.clear()
     try:
         shown = [Candidate(lay, {"peak_mib": 0.0, "memory_from": "closed form"}, True, 1.0, 0.1) for lay in (four, eight)]
-        _verify(run, shown, predictor, predictor.device.memory_bytes)
+        _verify(run, shown, predictor, predictor.device.memory_bytes, SideBySide(1))
         assert list(predictor.estimated_peaks) == [dataclasses.replace(base, microbatches=2)]
         assert shown[0].prediction["peak_mib"] == shown[1].prediction["peak_mib"] == estimated_peak_mib(run, eight, BLOCKS["llama"])
     finally:
@@ -219,7 +220,7 @@ def test_every_candidate_shown_as_fitting_has_the_estimate_s_peak_and_the_margin
     for factor, fitting in ((0.999, True), (1.001, False)):
         tight = dataclasses.replace(run, plan=dataclasses.replace(run.plan, memory_margin=margin * factor))
         again = dataclasses.replace(fifth, prediction={**fifth.prediction, "memory_from": "closed form"}, fits=True)
-        _verify(tight, [again], predictor, memory)  # the estimate kept in the predictor: no trace again
+        _verify(tight, [again], predictor, memory, SideBySide(1))  # the estimate kept in the predictor: no trace again
         assert again.prediction["memory_from"] == "estimate" and again.fits is fitting
     assert f"plan.memory_margin={run.plan.memory_margin:.2f}" in rule(run, memory)
 

@@ -1,39 +1,60 @@
 """plan.workers: the plan's traces side by side in spawned processes give the figures the plan takes
-in one process, and a pool starts only where it is predicted to finish first (fsdp_lab/plan/side_by_side.py)."""
+in one process, a pool starts only where it is predicted to finish first, and one pool serves a whole
+plan (fsdp_lab/plan/side_by_side.py)."""
 
 from __future__ import annotations
 
 import os
+import time
+from unittest import mock
 
 import pytest
 
 from fsdp_lab.compose import compose_run
 from fsdp_lab.config import ConfigError
 from fsdp_lab.plan.run import plan
-from fsdp_lab.plan.side_by_side import POOL_START_S, pool_size, side_by_side
+from fsdp_lab.plan.side_by_side import POOL_START_S, SideBySide, pool_gains
 
 
 def test_a_pool_starts_only_where_it_finishes_first():
-    assert pool_size(first_s=0.01, rest=15, cpus=16) == 1  # a tiny model's traces: the start would cost more
-    assert pool_size(first_s=2.0, rest=15, cpus=16) == 15  # an 8B float8 trace: one process each
-    assert pool_size(first_s=2.0, rest=40, cpus=16) == 16  # never more than the CPUs
-    assert pool_size(first_s=2.0, rest=15, cpus=1) == 1
+    assert not pool_gains(first_s=0.01, rest=15, cpus=16)  # a tiny model's traces: the start would cost more
+    assert pool_gains(first_s=2.0, rest=15, cpus=16)  # an 8B float8 trace
+    assert not pool_gains(first_s=2.0, rest=15, cpus=1) and not pool_gains(first_s=2.0, rest=1, cpus=16)
     slow_enough = POOL_START_S / 2 + 0.01  # 4 traces on 2 CPUs: the start and 2 traces against 4
-    assert pool_size(first_s=slow_enough, rest=4, cpus=2) == 2 and pool_size(first_s=slow_enough - 0.02, rest=4, cpus=2) == 1
+    assert pool_gains(first_s=slow_enough, rest=4, cpus=2) and not pool_gains(first_s=slow_enough - 0.02, rest=4, cpus=2)
 
 
 def test_fast_calls_stay_in_this_process():
     """Under plan.workers=0 calls this fast never start a pool (the fast tier refuses a started process)."""
-    assert side_by_side(os.getpid, [()] * 5, workers=0) == [os.getpid()] * 5
+    with SideBySide(0) as side:
+        assert side.map(os.getpid, [()] * 5) == [os.getpid()] * 5
+        assert side.map(os.getpid, [()] * 5) == [os.getpid()] * 5  # warm now: its first call here timed the rest
+
+
+def _sleep_then_pid(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
 
 
 @pytest.mark.slow
-def test_calls_run_in_the_pool_in_order_and_a_dying_process_is_one_line():
-    pids = side_by_side(os.getpid, [()] * 4, workers=2)
-    assert len(pids) == 4 and os.getpid() not in pids  # in the pool's processes (one may take them all)
-    assert side_by_side(divmod, [(7, 2), (9, 4), (5, 5)], workers=2) == [(3, 1), (2, 1), (1, 0)]
-    with pytest.raises(ConfigError, match=r"^plan\.workers: one of 2 tracing processes died .*plan\.workers=1"):
-        side_by_side(os._exit, [(1,), (1,)], workers=2)
+def test_the_first_warm_call_times_the_rest():
+    """The process's first call pays its imports, so the next one times the rest: here calls slow
+    enough for a pool (a start of 0.2 s against 0.3 s a call) go to one only after two ran here."""
+    with mock.patch("fsdp_lab.plan.side_by_side.POOL_START_S", 0.2), mock.patch("fsdp_lab.plan.side_by_side.usable_cpus", return_value=2), \
+            SideBySide(0) as side:
+        pids = side.map(_sleep_then_pid, [(0.3,)] * 4)
+    assert pids[:2] == [os.getpid()] * 2 and os.getpid() not in pids[2:]
+
+
+@pytest.mark.slow
+def test_calls_run_in_one_pool_in_order_and_a_dying_process_is_one_line():
+    with SideBySide(2) as side:
+        pids = [pid for _ in range(3) for pid in side.map(os.getpid, [()] * 2)]
+        assert os.getpid() not in pids
+        assert len(set(pids)) <= 2  # three batches, one pool of two processes: its start paid once
+        assert side.map(divmod, [(7, 2), (9, 4), (5, 5)]) == [(3, 1), (2, 1), (1, 0)]
+    with pytest.raises(ConfigError, match=r"^plan\.workers: one of 2 tracing processes died .*plan\.workers=1"), SideBySide(2) as side:
+        side.map(os._exit, [(1,), (1,)])
 
 
 @pytest.mark.slow

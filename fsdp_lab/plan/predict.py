@@ -4,6 +4,7 @@ mode needs are taken once (they depend on neither the mesh nor the batch) and pr
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from functools import cached_property
 
 from fsdp_lab.config import ACConfig, RunConfig
@@ -11,7 +12,8 @@ from fsdp_lab.mesh import ParallelDims, degrees
 from fsdp_lab.plan.cost import DTYPE_BYTES, TRACED_DEPTH, Layout, Model, step_time
 from fsdp_lab.plan.device import Device
 from fsdp_lab.plan.memory import peak_bytes
-from fsdp_lab.plan.trace import ModelFacts, model_facts, trace_step
+from fsdp_lab.plan.side_by_side import SideBySide
+from fsdp_lab.plan.trace import ModelFacts, Trace, model_facts, trace_step
 
 
 def traced_shapes(layers: int) -> list[tuple[int, int]]:
@@ -26,20 +28,29 @@ class Predictor:
     def __init__(self, run: RunConfig, device: Device, gpus_per_node: int):
         self.run, self.device, self.gpus_per_node = run, device, gpus_per_node
         self._models: dict[str, Model] = {}
+        self._traces: dict[tuple[str, tuple[int, int]], Trace] = {}  # (AC mode, (blocks, samples)) -> trace
         self.estimated_peaks: dict[Layout, float] = {}  # mode=estimate's peak per layout (MiB), as plan/fits.py reads it
 
     @cached_property
     def facts(self) -> ModelFacts:
         return model_facts(self.run)
 
+    def take_traces(self, modes: Iterable[str], side: SideBySide | None = None) -> None:
+        """The traces the cost model of each AC mode in `modes` reads, those not taken yet: side by side
+        where `side` is given (plan.workers), else here."""
+        todo = [(ac, shape) for ac in dict.fromkeys(modes) for shape in traced_shapes(self.facts.layers) if (ac, shape) not in self._traces]
+        traced = (side or SideBySide(1)).map(trace_step, [(self.run, blocks, samples, ac) for ac, (blocks, samples) in todo])
+        self._traces.update(zip(todo, traced))
+
     def model(self, ac: str) -> Model:
         if ac not in self._models:
+            self.take_traces([ac])
             block, other = self.facts.block_params, self.facts.other_params
             f = self.run.fsdp
             param_dtype = f.param_dtype or "float32"
             layers = self.facts.layers
             self._models[ac] = Model(
-                traces={key: trace_step(self.run, layers=key[0], batch=key[1], ac=ac) for key in traced_shapes(layers)},
+                traces={shape: self._traces[ac, shape] for shape in traced_shapes(layers)},
                 layers=layers, depth=min(layers, TRACED_DEPTH), block_params=block, other_params=other,
                 param_bytes=DTYPE_BYTES[param_dtype], reduce_bytes=DTYPE_BYTES[f.reduce_dtype or param_dtype],
                 seq_len=self.run.train.seq_len, clips=self.run.optim.max_norm is not None, float8_share=self.facts.float8_share,

@@ -16,7 +16,7 @@ from fsdp_lab.models import build_meta
 from fsdp_lab.plan.cost import Layout
 from fsdp_lab.plan.fits import estimable, estimated_as, estimated_peak_mib, fits
 from fsdp_lab.plan.predict import Predictor
-from fsdp_lab.plan.side_by_side import side_by_side
+from fsdp_lab.plan.side_by_side import SideBySide
 from fsdp_lab.validate import check_run
 
 AC_MODES = ("none", "full")
@@ -120,20 +120,23 @@ def rank(run: RunConfig, predictor: Predictor, samples: int, flops_per_token: fl
     as fitting."""
     memory = predictor.device.memory_bytes
     tokens = samples * run.train.seq_len
+    accepted = layouts(run, samples)
     out = []
-    for layout in layouts(run, samples):
-        pred = {**predictor.predict(layout), "memory_from": "closed form"}
-        per_gpu = tokens / run.plan.gpus / pred["step_time_s"]
-        out.append(Candidate(layout, pred, fits(pred["peak_mib"], run, memory), per_gpu, per_gpu * flops_per_token / predictor.device.peak_flops))
-    order = lambda c: (not c.fits, -c.tokens_per_s)  # noqa: E731
-    out.sort(key=order)
-    while unverified := [c for c in out[: run.plan.top] if c.fits and c.prediction["memory_from"] == "closed form"]:
-        _verify(run, unverified, predictor, memory)
+    with SideBySide(run.plan.workers) as side:
+        predictor.take_traces((layout.ac for layout in accepted), side)
+        for layout in accepted:
+            pred = {**predictor.predict(layout), "memory_from": "closed form"}
+            per_gpu = tokens / run.plan.gpus / pred["step_time_s"]
+            out.append(Candidate(layout, pred, fits(pred["peak_mib"], run, memory), per_gpu, per_gpu * flops_per_token / predictor.device.peak_flops))
+        order = lambda c: (not c.fits, -c.tokens_per_s)  # noqa: E731
         out.sort(key=order)
+        while unverified := [c for c in out[: run.plan.top] if c.fits and c.prediction["memory_from"] == "closed form"]:
+            _verify(run, unverified, predictor, memory, side)
+            out.sort(key=order)
     return out
 
 
-def _verify(run: RunConfig, candidates: list[Candidate], predictor: Predictor, memory: float) -> None:
+def _verify(run: RunConfig, candidates: list[Candidate], predictor: Predictor, memory: float, side: SideBySide) -> None:
     """Each candidate's fits by mode=estimate's peak, the traces not yet taken side by side
     (plan.workers); one the estimate does not take cannot be shown as fitting."""
     for c in candidates:
@@ -142,7 +145,7 @@ def _verify(run: RunConfig, candidates: list[Candidate], predictor: Predictor, m
     estimated = [c for c in candidates if c.prediction["memory_from"] == "closed form"]
     peaks = predictor.estimated_peaks
     todo = [layout for layout in dict.fromkeys(estimated_as(c.layout) for c in estimated) if layout not in peaks]
-    peaks.update(zip(todo, side_by_side(estimated_peak_mib, [(run, layout, predictor.facts.layers) for layout in todo], run.plan.workers)))
+    peaks.update(zip(todo, side.map(estimated_peak_mib, [(run, layout, predictor.facts.layers) for layout in todo])))
     for c in estimated:
         peak = peaks[estimated_as(c.layout)]
         c.prediction.update(peak_mib=peak, memory_from="estimate", closed_form_peak_mib=c.prediction["peak_mib"])

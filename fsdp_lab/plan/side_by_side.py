@@ -3,10 +3,11 @@ cost model's shapes per AC mode, then mode=estimate's peak for each candidate sh
 independent of the others, and at 8B one trace takes seconds on one core: an 8B float8 plan traces
 torchao's casts too, and its runs under layout=auto took 123-137 s from start to finish against
 torchtitan's 40-58 s (4xH100, 2026-11-27). Spawned processes, one per CPU core this process may use,
-take them side by side.
+take them side by side: the cost model's traces, then the estimates, in one pool.
 
-A pool costs its start (each process imports torch anew), so under plan.workers=0 the first trace
-runs here and times the rest: they go to a pool only where that is predicted to finish first. The
+A pool costs its start (each process imports torch anew), so under plan.workers=0 the first traces
+run here, and the first in a warm process (past the imports the first one pays) times the rest: they
+go to a pool only where that is predicted to finish first. The
 tiny models of tests trace in milliseconds and never start one; plan.workers=N starts N regardless."""
 
 from __future__ import annotations
@@ -34,13 +35,11 @@ def usable_cpus() -> int:
     return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def pool_size(first_s: float, rest: int, cpus: int) -> int:
-    """Processes for `rest` traces like one that took `first_s`: 1 (here) unless a pool of up to
-    `cpus` finishes them sooner, start included."""
+def pool_gains(first_s: float, rest: int, cpus: int) -> bool:
+    """Whether a pool of up to `cpus` processes finishes `rest` traces like one that took `first_s`
+    sooner than this process would, its start included."""
     workers = min(cpus, rest)
-    if workers <= 1:
-        return 1
-    return workers if POOL_START_S + first_s * math.ceil(rest / workers) < first_s * rest else 1
+    return workers > 1 and POOL_START_S + first_s * math.ceil(rest / workers) < first_s * rest
 
 
 def _quiet() -> None:
@@ -50,20 +49,43 @@ def _quiet() -> None:
     logging.disable(logging.WARNING)
 
 
-def side_by_side(fn: Callable, calls: list[tuple], workers: int) -> list:
-    """[fn(*args) for args in calls], in order, `fn` a module-level function: in plan.workers
-    processes (0: as the module docstring says; 1: all here)."""
-    results = []
-    if workers == 0 and calls:
-        start = time.perf_counter()
-        results.append(fn(*calls[0]))
-        calls = calls[1:]
-        workers = pool_size(time.perf_counter() - start, len(calls), usable_cpus())
-    workers = min(workers, len(calls))
-    if workers <= 1:
-        return results + [fn(*args) for args in calls]
-    try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet) as pool:
-            return results + [future.result() for future in [pool.submit(fn, *args) for args in calls]]
-    except BrokenProcessPool as e:
-        raise ConfigError(f"plan.workers: one of {workers} tracing processes died ({e}); plan.workers=1 traces in this process") from None
+class SideBySide:
+    """[fn(*args) for args in calls] per batch, in order, `fn` a module-level function: in plan.workers
+    processes (0: as the module docstring says; 1: all here). One pool serves every batch of a plan
+    (the cost model's traces, then each round of estimates), so its start is paid once; it starts at
+    the first batch that gains by it, and each of its processes only when a call waits for one."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._size = 0
+        self._warm = False  # a call ran here
+
+    def __enter__(self) -> SideBySide:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+    def map(self, fn: Callable, calls: list[tuple]) -> list:
+        calls, here = list(calls), []
+        if self._pool is None:
+            size = self.workers
+            if size == 0:
+                # Calls run here until one has run in a warm process (past the imports the first one
+                # pays): its time says whether a pool gains on the rest.
+                while calls:
+                    start = time.perf_counter()
+                    here.append(fn(*calls.pop(0)))
+                    warm, self._warm = self._warm, True
+                    if warm:
+                        break
+                size = usable_cpus() if calls and pool_gains(time.perf_counter() - start, len(calls), usable_cpus()) else 1
+            if min(size, len(calls)) <= 1:
+                return here + [fn(*args) for args in calls]
+            self._pool, self._size = ProcessPoolExecutor(size, mp_context=multiprocessing.get_context("spawn"), initializer=_quiet), size
+        try:
+            return here + [future.result() for future in [self._pool.submit(fn, *args) for args in calls]]
+        except BrokenProcessPool as e:
+            raise ConfigError(f"plan.workers: one of {self._size} tracing processes died ({e}); plan.workers=1 traces in this process") from None

@@ -278,7 +278,7 @@ def quiet():
         lab_log.setLevel(level)
 
 
-def trace_step(run: RunConfig, *, layers: int | None, batch: int, ac: str) -> Trace:
+def trace_step(run: RunConfig, layers: int | None, batch: int, ac: str) -> Trace:
     from fsdp_lab.estimate import estimate
     from fsdp_lab.models.depth import blocks_kept
 
