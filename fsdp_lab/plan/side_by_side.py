@@ -7,8 +7,8 @@ take them side by side: the cost model's traces, then the estimates, in one pool
 
 A pool costs its start (each process imports torch anew), so under plan.workers=0 the first traces
 run here, and the first in a warm process (past the imports the first one pays) times the rest: they
-go to a pool only where that is predicted to finish first. The
-tiny models of tests trace in milliseconds and never start one; plan.workers=N starts N regardless."""
+go to a pool only where that is predicted to finish first. The tiny models of tests trace in
+milliseconds and never start one; plan.workers=N starts N regardless."""
 
 from __future__ import annotations
 
