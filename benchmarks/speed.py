@@ -26,6 +26,10 @@ hand-written loop has no checkpointing, so it is refused there), for shapes that
 into DIR/<peer>/: ops.md, the ops ranked by GPU time per step, and every rank's trace.
 --variant NAME=OVERRIDES (repeatable): the lab once more with these space-separated overrides, as
 the peer `lab:NAME`, alternated with the others: a change's A/B in one invocation, beside the peers.
+A variant with `layout=auto` runs without the mode's hand-set layout; one with `train.global_batch_size=N`
+runs without the shape's per-GPU batch, so that layout=auto also picks the samples per data-parallel
+rank (at 8b on 4 GPUs, `train.global_batch_size=4` keeps torchtitan's tokens a step and lets tensor
+parallel take two sequences a rank).
 --versus lab:NAME: the variants' ratios against that variant rather than the lab (with --peers leaving
 the lab out: float8 under layout=auto against bf16, `--variant bf16="float8.recipe=none" --versus lab:bf16`)."""
 
@@ -92,9 +96,14 @@ def lab(overrides: list[str], warmup: int, profile_dir: Path | None = None, expe
 
 def own_layout(overrides: list[str], layout: list[str], variant: list[str]) -> list[str]:
     """The lab's overrides for a variant: one that lets the plan choose (layout=auto) runs without the
-    mode's hand-set layout, which it would keep as pinned, so that it chooses among every layout."""
+    mode's hand-set layout, which it would keep as pinned, so that it chooses among every layout. One
+    that sets train.global_batch_size runs without the shape's per-GPU train.batch_size: its tokens a
+    step are the variant's to say, and layout=auto then picks the samples per data-parallel rank too
+    (tensor-parallel layouts give each such rank more than one GPU's share)."""
     if "layout=auto" in variant:
         overrides = [o for o in overrides if o not in layout]
+    if any(o.startswith("train.global_batch_size=") for o in variant):
+        overrides = [o for o in overrides if not o.startswith("train.batch_size=")]
     return overrides + variant
 
 

@@ -91,6 +91,16 @@ def test_a_layout_auto_variant_runs_without_the_modes_hand_set_layout():
     assert own_layout(overrides, layout, ["ac=full"]) == [*overrides, "ac=full"]
 
 
+def test_a_variant_with_a_global_batch_runs_without_the_shapes_batch_per_gpu():
+    """Under layout=auto a pinned train.batch_size would keep every layout at one GPU's share per
+    data-parallel rank; a variant's global batch lets the plan choose it at the same tokens a step."""
+    own_layout = load("speed").own_layout
+    overrides = ["train.seq_len=4096", "train.batch_size=1", "model.compile=true"]
+    variant = ["layout=auto", "train.global_batch_size=4"]
+    assert own_layout(overrides, [], variant) == ["train.seq_len=4096", "model.compile=true", *variant]
+    assert own_layout(overrides, [], ["layout=auto"]) == [*overrides, "layout=auto"]
+
+
 @pytest.mark.slow
 def test_the_yardsticks_loop_reports_the_hosts_time_per_step_beside_the_labs(cut_short):
     result, kept = cut_short
