@@ -57,6 +57,24 @@ def test_calls_run_in_one_pool_in_order_and_a_dying_process_is_one_line():
         side.map(os._exit, [(1,), (1,)])
 
 
+def test_a_plans_cost_traces_and_estimates_go_through_its_one_pool():
+    """rank() opens one SideBySide and sends it both kinds of trace, the cost model's all at once."""
+    maps = []
+    real_map = SideBySide.map
+
+    def recorded(side, fn, calls):
+        maps.append((id(side), fn.__name__, len(calls)))
+        return real_map(side, fn, calls)
+
+    args = ("model.dim=32", "model.n_layers=4", "model.n_heads=4", "model.ffn_dim=64", "model.vocab_size=128", "train.seq_len=16",
+            "mode=plan", "plan.gpus=4", "plan.gpus_per_node=4", "plan.device=h100-80gb", "plan.top=6", "plan.workers=1", "logger=none")
+    with mock.patch.object(SideBySide, "map", recorded):
+        plan(compose_run(*args))
+    assert maps[0][1:] == ("trace_step", 8)  # every cost trace (2 AC modes x 4 shapes) in one batch, first
+    assert {name for _, name, _ in maps} == {"trace_step", "estimated_peak_mib"}
+    assert len({side for side, _, _ in maps}) == 1  # a trace taken lazily (Predictor.model) would map through another
+
+
 @pytest.mark.slow
 def test_a_plan_traced_side_by_side_is_the_plan_traced_here():
     args = ("model.dim=32", "model.n_layers=4", "model.n_heads=4", "model.ffn_dim=64", "model.vocab_size=128", "train.seq_len=16",

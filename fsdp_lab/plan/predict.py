@@ -39,6 +39,8 @@ class Predictor:
         """The traces the cost model of each AC mode in `modes` reads, those not taken yet: side by side
         where `side` is given (plan.workers), else here."""
         todo = [(ac, shape) for ac in dict.fromkeys(modes) for shape in traced_shapes(self.facts.layers) if (ac, shape) not in self._traces]
+        if not todo:
+            return
         traced = (side or SideBySide(1)).map(trace_step, [(self.run, blocks, samples, ac) for ac, (blocks, samples) in todo])
         self._traces.update(zip(todo, traced))
 

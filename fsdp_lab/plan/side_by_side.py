@@ -25,7 +25,7 @@ from typing import Callable
 from fsdp_lab.config import ConfigError
 
 # Seconds a spawned pool adds to its traces (torch, the lab and torchao imported in each process):
-# 3.2-3.7 s on this project's 2-core CI machine (benchmarks/plan_pool_start.py), rounded up.
+# 2.8-3.7 s in four runs on this project's 2-core CI machine (benchmarks/plan_pool_start.py), rounded up.
 POOL_START_S = 4.0
 
 
