@@ -15,8 +15,9 @@ import torch
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from torch.numa.binding import AffinityMode, NumaOptions
 
-from fsdp_lab.config import RunConfig
+from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.dist import RANK_STORE_DIR, resolve_device_type
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.worker import rank_main
@@ -70,7 +71,7 @@ def spawn_ranks(run: RunConfig, dims: ParallelDims, run_dir: Path) -> None:
     start_method = child_start_method(resolve_device_type(run.device))
     entry = _forked_rank_main if start_method == "fork" else rank_main
     launch(entry, (run, str(run_dir), dims), n=dims.world_size, run_dir=run_dir,
-           max_restarts=run.launch.max_restarts, start_method=start_method)
+           max_restarts=run.launch.max_restarts, start_method=start_method, numa_binding=run.launch.numa_binding)
 
 
 def _with_launch_threads(entry):
@@ -104,22 +105,38 @@ def _rank_store_dir():
                 os.environ[RANK_STORE_DIR] = before
 
 
-def launch(entry, args: tuple, *, n: int, run_dir: Path, max_restarts: int, start_method: str) -> None:
-    """`entry(*args)` on `n` local ranks through torch elastic, their output under `run_dir`/logs."""
-    # One thread per rank share of the cores; also silences elastic's warning about the default.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+def check_launch(run: RunConfig, device_type: str) -> None:
+    """NUMA binding places each rank by its GPU's place on the host: a run without GPUs has none."""
+    if run.launch.numa_binding and device_type != "cuda":
+        raise ConfigError(f"launch.numa_binding={run.launch.numa_binding}: binds each rank to the CPUs near "
+                          f"its GPU; this run's device is {device_type}: leave it null")
+
+
+def launch_config(*, n: int, run_dir: Path, max_restarts: int, start_method: str,
+                  numa_binding: str | None = None) -> LaunchConfig:
+    """torch elastic's settings for `n` local ranks, their output under `run_dir`/logs."""
     # One node has nothing to rendezvous with: the static rendezvous is elastic's own store on a port
     # it binds (":0"). The dynamic one (c10d) waits a random 0-0.3 s before its first round, to spread
     # many nodes' joins (0.11-0.21 s measured, a quarter of a small CPU run). Restarts go through it alike.
-    config = LaunchConfig(
+    return LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=run_dir.name,
         rdzv_backend="static", rdzv_endpoint="localhost:0", rdzv_configs={"rank": 0}, max_restarts=max_restarts,
         monitor_interval=0.1, start_method=start_method, log_line_prefix_template="[rank${rank}]:",
+        numa_options=NumaOptions(affinity_mode=AffinityMode(numa_binding)) if numa_binding else None,
         # Every rank's output is kept under logs/; rank 0's stdout and all stderr also reach the console.
         logs_specs=DefaultLogsSpecs(
             log_dir=str(run_dir / "logs"), tee={i: Std.ALL if i == 0 else Std.ERR for i in range(n)}
         ),
     )
+
+
+def launch(entry, args: tuple, *, n: int, run_dir: Path, max_restarts: int, start_method: str,
+           numa_binding: str | None = None) -> None:
+    """`entry(*args)` on `n` local ranks through torch elastic, their output under `run_dir`/logs."""
+    # One thread per rank share of the cores; also silences elastic's warning about the default.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    config = launch_config(n=n, run_dir=run_dir, max_restarts=max_restarts, start_method=start_method,
+                           numa_binding=numa_binding)
     if start_method == "fork":
         entry = _with_launch_threads(entry)
     try:

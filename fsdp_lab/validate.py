@@ -35,6 +35,7 @@ from fsdp_lab.parallel.pipeline import check_pipeline
 from fsdp_lab.parallel.tp import check_tp
 from fsdp_lab.probes.parity_probe import check_reference_fits
 from fsdp_lab.probes.registry import check_probes
+from fsdp_lab.spawn import check_launch
 from fsdp_lab.standalone import check_module_calls
 from fsdp_lab.user_code import built_on_meta
 
@@ -155,4 +156,5 @@ def check_run(run: RunConfig, dims: ParallelDims, device_type: str, model=None) 
         parse_check(spec)
     check_probes(run, dims)
     check_fault(run, dims)
+    check_launch(run, device_type)
     check_names(run, dims, model)

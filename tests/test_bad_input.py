@@ -58,6 +58,8 @@ CATALOGUE = [
     ("mode=estimate mesh.world_size=4 mesh.pp=2 mesh.pp_schedule=interleaved_1f1b train.microbatches=2", "error: mesh.pp_schedule=interleaved_1f1b: mode=estimate cannot predict this; allowed with mesh.pp>1: gpipe, 1f1b (one stage per rank)"),
     ("fault.kill_rank=5 fault.at_step=1", "error: fault.kill_rank=5: must be a rank in 0..1"),
     ("fault.kill_rank=1", "error: fault.kill_rank and fault.at_step: set both or neither"),
+    ("launch.numa_binding=numa", "error: launch.numa_binding=numa: allowed are node, socket, exclusive, core-complex"),
+    ("launch.numa_binding=node", "error: launch.numa_binding=node: binds each rank to the CPUs near its GPU; this run's device is cpu: leave it null"),
     ("probes.memory.tracker=module probes.memory.tracker_step=30", "error: probes.memory.tracker_step=30: must be in 2..train.steps=20 (step 1 is the warm-up)"),
     ("optim.max_norm=0", "error: optim.max_norm=0.0: allowed is > 0"),
     ("optim.schedule=step", "error: optim.schedule=step: allowed are constant, linear, cosine"),
