@@ -329,8 +329,9 @@ class LaunchConfig:
     timeout_s: int = bounded(300, ge=1)
     """Collective timeout: a hang ends the run with the stuck collective named instead of forever."""
     numa_binding: Optional[str] = choice(None, "node", "socket", "exclusive", "core-complex")
-    """GPU runs: bind each rank's threads to the CPUs near its GPU (torch elastic's NUMA binding, as
-    torchrun's --numa-binding); null = wherever the OS schedules them."""
+    """GPU runs whose ranks the lab starts (local spawning, the torchrun launcher's jobs): bind each rank's
+    threads to the CPUs near its GPU (torch elastic's NUMA binding, as torchrun's --numa-binding);
+    null = wherever the OS schedules them."""
 
 
 @dataclass

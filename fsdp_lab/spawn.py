@@ -18,7 +18,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from torch.numa.binding import AffinityMode, NumaOptions
 
 from fsdp_lab.config import ConfigError, RunConfig
-from fsdp_lab.dist import RANK_STORE_DIR, resolve_device_type
+from fsdp_lab.dist import RANK_STORE_DIR, is_rank_process, resolve_device_type
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.worker import rank_main
 
@@ -106,10 +106,15 @@ def _rank_store_dir():
 
 
 def check_launch(run: RunConfig, device_type: str) -> None:
-    """NUMA binding places each rank by its GPU's place on the host: a run without GPUs has none."""
-    if run.launch.numa_binding and device_type != "cuda":
-        raise ConfigError(f"launch.numa_binding={run.launch.numa_binding}: binds each rank to the CPUs near "
-                          f"its GPU; this run's device is {device_type}: leave it null")
+    """NUMA binding places each rank by its GPU's place on the host, as the lab starts it: a run without
+    GPUs has no such place, and ranks that torchrun or srun started are already placed."""
+    binding = run.launch.numa_binding
+    if binding and device_type != "cuda":
+        raise ConfigError(f"launch.numa_binding={binding}: binds each rank to the CPUs near its GPU; "
+                          f"this run's device is {device_type}: leave it null")
+    if binding and is_rank_process():
+        raise ConfigError(f"launch.numa_binding={binding}: applies where the lab starts the ranks; these were "
+                          "started by torchrun or srun: bind there (torchrun --numa-binding, srun --cpu-bind)")
 
 
 def launch_config(*, n: int, run_dir: Path, max_restarts: int, start_method: str,

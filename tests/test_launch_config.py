@@ -1,5 +1,6 @@
 """torch elastic's settings for a run's local ranks (fsdp_lab/spawn.py launch_config): what a user's
-launch.* keys become. NUMA binding itself needs GPUs (refused on CPU: tests/test_bad_input.py)."""
+launch.* keys become, and where NUMA binding is refused. The binding itself needs GPUs (refused on CPU:
+tests/test_bad_input.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from pathlib import Path
 import pytest
 from torch.numa.binding import AffinityMode
 
-from fsdp_lab.spawn import launch_config
+from fsdp_lab.config import ConfigError
+from fsdp_lab.dist import RANK_ENV_KEYS
+from fsdp_lab.compose import compose_run
+from fsdp_lab.spawn import check_launch, launch_config
 
 
 @pytest.mark.parametrize("mode", ["node", "socket", "exclusive", "core-complex"])
@@ -22,3 +26,14 @@ def test_no_numa_binding_leaves_the_ranks_where_the_os_puts_them():
     config = launch_config(n=2, run_dir=Path("/tmp/run"), max_restarts=1, start_method="fork")
     assert config.numa_options is None
     assert config.max_restarts == 1
+
+
+def test_numa_binding_is_refused_in_ranks_that_torchrun_started(monkeypatch):
+    """Ranks started by torchrun or srun never pass through the lab's launch: the key would do nothing."""
+    for key in RANK_ENV_KEYS:
+        monkeypatch.setenv(key, "0" if key != "MASTER_ADDR" else "localhost")
+    run = compose_run("launch.numa_binding=node")
+    with pytest.raises(ConfigError, match=r"^launch.numa_binding=node: applies where the lab starts the ranks; .*torchrun --numa-binding"):
+        check_launch(run, "cuda")
+    monkeypatch.delenv("RANK")
+    check_launch(run, "cuda")  # the lab's own launch: taken
