@@ -10,6 +10,7 @@ from omegaconf import DictConfig, open_dict, read_write
 from fsdp_lab.compose import to_run_config
 from fsdp_lab.dist import default_world_size, resolve_device_type
 from fsdp_lab.mesh import ParallelDims, requested_world_size
+from fsdp_lab.spawn import check_launch
 from fsdp_lab.validate import check_run, prepare
 
 
@@ -35,5 +36,7 @@ def cluster_world_size(cfg: DictConfig, *, gpus_per_node: int | None, nodes: int
     m = run.mesh
     world = requested_world_size(m, gpus_per_node * nodes if gpus_per_node else default_world_size("cpu", m.cpu_world_size))
     dims = ParallelDims.from_mesh(m, world)
-    check_run(run, dims, "cuda" if gpus_per_node else "cpu")
+    device_type = "cuda" if gpus_per_node else "cpu"
+    check_run(run, dims, device_type)
+    check_launch(run, device_type, ranks_started_by="SLURM (a job's ranks are its tasks)")
     return world

@@ -105,16 +105,18 @@ def _rank_store_dir():
                 os.environ[RANK_STORE_DIR] = before
 
 
-def check_launch(run: RunConfig, device_type: str) -> None:
+def check_launch(run: RunConfig, device_type: str, ranks_started_by: str | None = None) -> None:
     """NUMA binding places each rank by its GPU's place on the host, as the lab starts it: a run without
-    GPUs has no such place, and ranks that torchrun or srun started are already placed."""
+    GPUs has no such place, and ranks that another launcher starts (`ranks_started_by`; this process
+    already a rank: torchrun or srun) are placed by that launcher."""
     binding = run.launch.numa_binding
     if binding and device_type != "cuda":
         raise ConfigError(f"launch.numa_binding={binding}: binds each rank to the CPUs near its GPU; "
                           f"this run's device is {device_type}: leave it null")
-    if binding and is_rank_process():
-        raise ConfigError(f"launch.numa_binding={binding}: applies where the lab starts the ranks; these were "
-                          "started by torchrun or srun: bind there (torchrun --numa-binding, srun --cpu-bind)")
+    started_by = ranks_started_by or ("torchrun or srun" if is_rank_process() else None)
+    if binding and started_by:
+        raise ConfigError(f"launch.numa_binding={binding}: applies where the lab starts the ranks; {started_by} "
+                          "starts these: bind there (torchrun --numa-binding, srun --cpu-bind)")
 
 
 def launch_config(*, n: int, run_dir: Path, max_restarts: int, start_method: str,

@@ -11,7 +11,8 @@ from torch.numa.binding import AffinityMode
 
 from fsdp_lab.config import ConfigError
 from fsdp_lab.dist import RANK_ENV_KEYS
-from fsdp_lab.compose import compose_run
+from fsdp_lab.compose import compose_cfg, compose_run
+from fsdp_lab.launch_plan import cluster_world_size
 from fsdp_lab.spawn import check_launch, launch_config
 
 
@@ -33,7 +34,15 @@ def test_numa_binding_is_refused_in_ranks_that_torchrun_started(monkeypatch):
     for key in RANK_ENV_KEYS:
         monkeypatch.setenv(key, "0" if key != "MASTER_ADDR" else "localhost")
     run = compose_run("launch.numa_binding=node")
-    with pytest.raises(ConfigError, match=r"^launch.numa_binding=node: applies where the lab starts the ranks; .*torchrun --numa-binding"):
+    with pytest.raises(ConfigError, match=r"^launch.numa_binding=node: applies where the lab starts the ranks; torchrun or srun starts these: bind there \(torchrun --numa-binding"):
         check_launch(run, "cuda")
     monkeypatch.delenv("RANK")
     check_launch(run, "cuda")  # the lab's own launch: taken
+
+
+def test_numa_binding_is_refused_before_a_slurm_job_is_submitted():
+    """A SLURM job's ranks are its tasks: the launcher refuses the key before submitting, as for any bad input."""
+    cfg = compose_cfg("launch.numa_binding=socket")
+    with pytest.raises(ConfigError, match=r"^launch.numa_binding=socket: applies where the lab starts the ranks; SLURM \(a job's ranks are its tasks\) starts these"):
+        cluster_world_size(cfg, gpus_per_node=2, nodes=1)
+    assert cluster_world_size(compose_cfg(), gpus_per_node=2, nodes=1) == 2
