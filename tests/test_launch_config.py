@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from torch.numa.binding import AffinityMode
 
+from fsdp_lab.compose import compose_cfg, compose_run
 from fsdp_lab.config import ConfigError
 from fsdp_lab.dist import RANK_ENV_KEYS
-from fsdp_lab.compose import compose_cfg, compose_run
 from fsdp_lab.launch_plan import cluster_world_size
 from fsdp_lab.spawn import check_launch, launch_config
 
