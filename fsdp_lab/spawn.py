@@ -110,11 +110,13 @@ def check_launch(run: RunConfig, device_type: str, ranks_started_by: str | None 
     GPUs has no such place, and ranks that another launcher starts (`ranks_started_by`; this process
     already a rank: torchrun or srun) are placed by that launcher."""
     binding = run.launch.numa_binding
-    if binding and device_type != "cuda":
+    if not binding:
+        return
+    if device_type != "cuda":
         raise ConfigError(f"launch.numa_binding={binding}: binds each rank to the CPUs near its GPU; "
                           f"this run's device is {device_type}: leave it null")
     started_by = ranks_started_by or ("torchrun or srun" if is_rank_process() else None)
-    if binding and started_by:
+    if started_by:
         raise ConfigError(f"launch.numa_binding={binding}: applies where the lab starts the ranks; {started_by} "
                           "starts these: bind there (torchrun --numa-binding, srun --cpu-bind)")
 

@@ -12,7 +12,9 @@ from torch.numa.binding import AffinityMode
 from fsdp_lab.compose import compose_cfg, compose_run
 from fsdp_lab.config import ConfigError
 from fsdp_lab.dist import RANK_ENV_KEYS
+from fsdp_lab import spawn
 from fsdp_lab.launch_plan import cluster_world_size
+from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.spawn import check_launch, launch_config
 
 
@@ -21,6 +23,15 @@ def test_a_numa_binding_reaches_elastic_as_its_affinity_mode(mode):
     config = launch_config(n=4, run_dir=Path("/tmp/run"), max_restarts=0, start_method="spawn", numa_binding=mode)
     assert config.numa_options.affinity_mode == AffinityMode(mode)
     assert config.nproc_per_node == 4
+
+
+def test_a_runs_numa_binding_reaches_its_launch(monkeypatch, tmp_path):
+    """spawn_ranks hands the run's key to launch(), which builds elastic's settings from it (above)."""
+    seen = {}
+    monkeypatch.setattr(spawn, "launch", lambda entry, args, **kwargs: seen.update(kwargs))
+    run = compose_run("launch.numa_binding=exclusive")  # composed, not checked: on this CPU it is refused
+    spawn.spawn_ranks(run, ParallelDims.from_mesh(run.mesh, 2), tmp_path)
+    assert seen["numa_binding"] == "exclusive" and seen["n"] == 2
 
 
 def test_no_numa_binding_leaves_the_ranks_where_the_os_puts_them():
