@@ -9,7 +9,10 @@ profile/trace_rank<R>.json, or speed.py --profile's DIR/<peer>/ traces), per pro
 2. collective-alone time: a collective runs and nothing else does, the communication that compute
    did not hide; then by the collective's kind (all-gather, reduce-scatter, all-reduce, ...), which
    says which end of the step it is at: the forward starts on an all-gather with nothing to hide it,
-   the backward ends on reduce-scatters (kinds running together each count the time).
+   the backward ends on reduce-scatters (kinds running together each count the time). Then each kind's
+   kernels per step and their median duration: a blocking collective (tensor parallel's all-reduces on
+   the compute stream) costs the step its whole duration, and the median over a step's many calls is
+   the in-step price to hold beside an isolated one's (the device table's).
 3. matmuls beside collectives: the mean duration of the matmul kernels that overlap a collective
    against those that overlap none. NCCL's kernels take SMs and memory bandwidth from the matmuls
    beside them; the ratio is what that contention costs a matmul.
@@ -109,6 +112,14 @@ def collective_alone(groups: dict[str, list[dict]], steps: int) -> tuple[float, 
     return alone(groups["collective"]), dict(by_kind)
 
 
+def collective_calls(groups: dict[str, list[dict]], steps: int) -> dict[str, tuple[float, float]]:
+    """{collective kind: (kernels per step, their median µs)}, in order of first appearance."""
+    durations: dict[str, list[float]] = {}
+    for e in groups["collective"]:
+        durations.setdefault(collective_kind(e), []).append(e.get("dur", 0.0))
+    return {kind: (len(ds) / steps, statistics.median(ds)) for kind, ds in durations.items()}
+
+
 def matmuls_beside_collectives(groups: dict[str, list[dict]]) -> tuple[float, int, float, int]:
     """(mean µs, count) of the matmul kernels that overlap a collective, then of those that overlap
     none, over all the profiled steps; a mean of no kernels is nan."""
@@ -174,6 +185,8 @@ def report(name: str, groups: dict[str, list[dict]], steps: int) -> None:
     alone, by_kind = collective_alone(groups, steps)
     print(f"  collective alone (not hidden by compute): {alone / 1e3:.3f} ms/step ({alone / busy:.1%} of busy)")
     print("    by kind: " + ", ".join(f"{kind} {us / 1e3:.3f}" for kind, us in by_kind.items()))
+    print("  collective kernels per step, median µs: " + ", ".join(
+        f"{kind} {calls:g} x {median:.1f}" for kind, (calls, median) in collective_calls(groups, steps).items()))
     mean_beside, n_beside, mean_alone, n_alone = matmuls_beside_collectives(groups)
     ratio = f", {mean_beside / mean_alone:.2f}x" if n_beside and n_alone else ""
     print(f"  matmuls beside a collective: mean {mean_beside:.1f} µs (n={n_beside}) vs alone "

@@ -54,6 +54,8 @@ def test_device_time_per_step_by_class(kernel_time):
     assert alone == 50
     # The all-gather alone 300-350 and 370-400, the reduce-scatter 380-420 (both at once 380-400).
     assert by_kind == {"AllGather": 40, "ReduceScatter": 20}
+    # One all-gather (150 µs) and one reduce-scatter (40 µs) over two steps.
+    assert kernel_time.collective_calls(groups, steps) == {"AllGather": (0.5, 150), "ReduceScatter": (0.5, 40)}
 
 
 def test_matmuls_beside_a_collective_against_alone(kernel_time):

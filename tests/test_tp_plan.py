@@ -1,7 +1,8 @@
 """The TP plan's hidden layers: local tensors between the column- and row-wise layers where the hidden
 size splits evenly (fewer DTensor ops on the host-bound step), a DTensor where it does not (only it
 knows the global size of an uneven split). One process over a fake 2-rank group: the layouts are
-decided when the plan is applied, and a column-wise forward needs no collective."""
+decided when the plan is applied, and a column-wise forward needs no collective. And what the plan's
+collectives are: one all-reduce per attention and per MLP each way, as the plan's step time prices them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.debug import CommDebugMode
 
 from fsdp_lab.models.mlp import MLPConfig
 from fsdp_lab.models.transformer import TransformerConfig
@@ -40,3 +42,23 @@ def test_every_block_of_the_transformer_plan_gets_local_hidden_outputs(tp_mesh):
         for layer in (block.feed_forward.w1, block.feed_forward.w3):
             out = layer(x)
             assert not isinstance(out, DTensor) and out.shape == (1, 3, 6)
+
+
+def test_a_block_all_reduces_once_per_attention_and_mlp_each_way(tp_mesh):
+    """Megatron's f and g: the row-wise outputs all-reduced in forward; in backward, the gradients of the
+    attention's (and the MLP's) input summed over q, k and v (w1 and w3) before one all-reduce, not one
+    per column-wise layer (at 8B, 224 all-reduces a step instead of 128: 25 ms on 4xH100)."""
+    cfg = TransformerConfig(dim=8, n_heads=2, ffn_dim=12, n_layers=2, vocab_size=16)
+    model = build_model(cfg, seed=0)
+    apply_tp(model, tp_mesh, model_spec("transformer").tp_plan(cfg, False), name="transformer", sequence_parallel=False)
+    block, cos, sin = model.layers[0], *model.rotary.for_block(model.layers[0], 1, 3, torch.device("cpu"), torch.float32)
+    x = torch.randn(1, 3, 8, requires_grad=True)
+    forward, backward = CommDebugMode(), CommDebugMode()
+    with forward:
+        out = block(x, cos, sin)
+    with backward:
+        out.sum().backward()
+    all_reduce = torch.ops.c10d_functional.all_reduce
+    assert forward.get_comm_counts()[all_reduce] == 2
+    assert backward.get_comm_counts()[all_reduce] == 2
+    assert x.grad is not None and x.grad.shape == x.shape

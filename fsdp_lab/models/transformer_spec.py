@@ -21,8 +21,8 @@ from fsdp_lab.models.transformer import Transformer
 
 def tp_plan(cfg: TransformerConfig, sequence_parallel: bool) -> TPPlan:
     """Megatron-style: q/k/v and w1/w3 split by output (heads, hidden units), wo and w2 by input, so
-    each attention or MLP costs one all-reduce; the embedding is split by vocabulary rows and the
-    output by vocabulary columns, its logits gathered for the loss. With sequence parallelism the
+    each attention or MLP costs one all-reduce each way; the embedding is split by vocabulary rows and
+    the output by vocabulary columns, its logits gathered for the loss. With sequence parallelism the
     activations between those layers stay sharded along the sequence (dim 1), norms included."""
     seq = Shard(1) if sequence_parallel else Replicate()
     root: dict[str, object] = {
@@ -37,16 +37,16 @@ def tp_plan(cfg: TransformerConfig, sequence_parallel: bool) -> TPPlan:
         "feed_forward.w1": HiddenColwise(),
         "feed_forward.w3": HiddenColwise(),
         "feed_forward.w2": RowwiseParallel(output_layouts=seq),
+        # The attention's and the MLP's input enters as one DTensor, so that in backward autograd sums
+        # the gradients of q, k and v (w1 and w3) before one all-reduce, where each column-wise layer
+        # taking a plain tensor would all-reduce its own. With sequence parallelism this is the
+        # all-gather of the whole sequence on the way in (cos/sin pass as they are).
+        "attention": PrepareModuleInput(input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)),
+        "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
     }
     if sequence_parallel:
         root["norm"] = SequenceParallel()
-        block.update({
-            "attention_norm": SequenceParallel(),
-            "ffn_norm": SequenceParallel(),
-            # The projections need the whole sequence: all-gather it on the way in (cos/sin pass as is).
-            "attention": PrepareModuleInput(input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)),
-            "feed_forward": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
-        })
+        block.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
     return root, block
 
 
