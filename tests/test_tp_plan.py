@@ -12,6 +12,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
+from fsdp_lab.models.hf import HFConfig
+from fsdp_lab.models.hf_families import tiny_config
 from fsdp_lab.models.mlp import MLPConfig
 from fsdp_lab.models.transformer import TransformerConfig
 from fsdp_lab.models import build_model, model_spec
@@ -62,3 +64,20 @@ def test_a_block_all_reduces_once_per_attention_and_mlp_each_way(tp_mesh):
     assert forward.get_comm_counts()[all_reduce] == 2
     assert backward.get_comm_counts()[all_reduce] == 2
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("model_type", ["llama", "starcoder2"])
+def test_an_hf_block_all_reduces_once_per_module_each_way(tp_mesh, model_type):
+    """The same for a transformers model under its own base_model_tp_plan: llama's attention (q, k, v) and MLP
+    (gate, up) take their input replicated; starcoder2's MLP has one column-wise layer, which needs nothing."""
+    cfg = HFConfig(model_type=model_type, config=tiny_config(model_type))
+    model = build_model(cfg, seed=0)
+    apply_tp(model, tp_mesh, model_spec("hf").tp_plan(cfg, False), name="hf", sequence_parallel=False)
+    forward, backward = CommDebugMode(), CommDebugMode()
+    with forward:
+        loss = model(torch.randint(0, 128, (1, 4))).float().sum()
+    with backward:
+        loss.backward()
+    all_reduce, layers = torch.ops.c10d_functional.all_reduce, len(model.blocks)
+    assert forward.get_comm_counts()[all_reduce] == 2 * layers
+    assert backward.get_comm_counts()[all_reduce] == 2 * layers

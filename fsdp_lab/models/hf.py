@@ -6,6 +6,7 @@ blocks are the decoder layers; TP follows the model's own `base_model_tp_plan`."
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -17,6 +18,7 @@ from fsdp_lab.config import ConfigError, ModelConfig
 from fsdp_lab.models import hf_families, pretrained
 from fsdp_lab.models.foreign import ForeignModel, TokenInputs
 from fsdp_lab.models.spec import ModelSpec, TPPlan
+from fsdp_lab.models.tp_styles import ReplicatedInput
 
 log = logging.getLogger("fsdp_lab")
 
@@ -139,13 +141,17 @@ def init_module(model: nn.Module, module: nn.Module) -> None:
 
 def tp_plan(cfg: HFConfig, sequence_parallel: bool) -> TPPlan:
     """The block entries of base_model_tp_plan (`layers.*.self_attn.q_proj: colwise`); the embeddings
-    and the output stay replicated over tp (FSDP shards them over dp)."""
+    and the output stay replicated over tp (FSDP shards them over dp). A block's module holding several
+    column-wise layers (`self_attn`: q, k and v) takes its input replicated, so that their gradients
+    leave it in one all-reduce."""
     declared = getattr(hf_config(cfg), "base_model_tp_plan", None) or {}
     block: dict[str, object] = {}
     for path, style in declared.items():
         head, star, rest = path.partition(".*.")
         if star and style in TP_STYLES:
             block[rest] = TP_STYLES[style]()
+    colwise_parents = Counter(path.rpartition(".")[0] for path, style in block.items() if isinstance(style, ColwiseParallel))
+    block.update({parent: ReplicatedInput() for parent, n in colwise_parents.items() if n > 1 and parent and "." not in parent})
     return {}, block
 
 
