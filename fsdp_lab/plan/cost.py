@@ -292,6 +292,8 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
         return device.memory_s(n * (model.param_bytes + model.reduce_bytes)) + device.memory_s(2 * n / shard * SHARD_BYTES)
 
     regather = gather_copies(unit) if layout.reshard else 0.0
+    # TP all-reduces a block's attention and MLP once each way: the models' plans pass each module's input
+    # as one replicated DTensor, so backward sums q/k/v's (w1/w3's) gradients first (tests/test_tp_plan.py).
     fwd_b = Work(gpu(block["fwd"], True) + 2 * tp_ar + gather_copies(unit), issue(block["fwd"], True) + tp_compiled / 2)
     bwd_b = Work(gpu(block["bwd"], True) + 2 * tp_ar + regather + reduce_copies(unit),
                  issue(block["bwd"], True) + ac_host + tp_compiled / 2 + tp_ac)
