@@ -506,6 +506,31 @@ HOST_FREE = {k: 0.0 for k in ("op_s", "step_s", "compiled_kernel_s", "compiled_s
 
 
 @pytest.mark.slow
+def test_a_tp_layout_pays_the_all_reduces_its_familys_plan_issues(planned):
+    """The model's (forward, backward) TP all-reduces a block come from its family's plan (the lab's
+    transformer: one per attention and per MLP each way), and each one the plan counts blocks the block's
+    compute stream: two fewer a block in each direction take the table's price of one off every block."""
+    layout, predictor = one_stage(planned, microbatches=1)
+    lay = dataclasses.replace(layout, tp=2, dp_replicate=1, dp_shard=32, ac="none")
+    model = predictor.model(lay.ac)
+    assert predictor.facts.tp_all_reduces == model.tp_all_reduces == (2, 2)
+    free = Device(predictor.device.name, {**predictor.device.table, "host": HOST_FREE})
+    fewer = dataclasses.replace(model, tp_all_reduces=(1, 1))
+    block, _ = model.parts(lay.microbatch_size, 2, free)
+    one = free.collective_s("all_reduce", block["fwd"].hidden_bytes, 2, False)
+    gpu = lambda m: step_time(m, lay, free, 8)["gpu_s"]  # noqa: E731
+    assert one > 0 and gpu(model) - gpu(fewer) == pytest.approx(2 * one * model.layers, rel=0.05)
+
+
+def test_a_familys_tp_all_reduces_reach_the_priced_model():
+    """A stack of MLPs all-reduces once a block each way under TP (tests/test_tp_plan.py): the count the
+    plan prices its blocks with is the family's, not a transformer's."""
+    run = compose_run("model=mlp_stack", "mode=plan", "plan.gpus=4", "plan.device=h100-80gb", "logger=none")
+    predictor = Predictor(run, load_device("h100-80gb"), 4)
+    assert predictor.model("none").tp_all_reduces == (1, 1)
+
+
+@pytest.mark.slow
 def test_a_layout_is_priced_by_the_host_section_of_its_own_gpu_count(planned):
     """A table holding a free host for 2 ranks and the calibrated one for 64: a 64-GPU layout pays the
     64's, as a table of that section alone prices it."""

@@ -14,10 +14,10 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from fsdp_lab.models.hf import HFConfig
 from fsdp_lab.models.hf_families import tiny_config
-from fsdp_lab.models.mlp import MLPConfig
+from fsdp_lab.models.mlp import MLPConfig, MLPStackConfig
 from fsdp_lab.models.transformer import TransformerConfig
 from fsdp_lab.models import build_model, model_spec
-from fsdp_lab.parallel.tp import apply_tp
+from fsdp_lab.parallel.tp import apply_tp, block_all_reduces
 
 
 @pytest.fixture
@@ -64,20 +64,29 @@ def test_a_block_all_reduces_once_per_attention_and_mlp_each_way(tp_mesh):
     assert forward.get_comm_counts()[all_reduce] == 2
     assert backward.get_comm_counts()[all_reduce] == 2
     assert x.grad is not None and x.grad.shape == x.shape
+    assert block_all_reduces(model_spec("transformer").tp_plan(cfg, False)[1]) == (2, 2)  # what the plan prices
 
 
-@pytest.mark.parametrize("model_type", ["llama", "starcoder2"])
-def test_an_hf_block_all_reduces_once_per_module_each_way(tp_mesh, model_type):
-    """The same for a transformers model under its own base_model_tp_plan: llama's attention (q, k, v) and MLP
-    (gate, up) take their input replicated; starcoder2's MLP has one column-wise layer, which needs nothing."""
-    cfg = HFConfig(model_type=model_type, config=tiny_config(model_type))
+@pytest.mark.parametrize("family,cfg,per_block", [
+    ("hf", HFConfig(model_type="llama", config=tiny_config("llama")), (2, 2)),
+    ("hf", HFConfig(model_type="starcoder2", config=tiny_config("starcoder2")), (2, 2)),
+    ("mlp_stack", MLPStackConfig(dim=4, ffn_dim=8, n_layers=2), (1, 1)),
+], ids=["llama", "starcoder2", "mlp_stack"])
+def test_a_familys_blocks_all_reduce_as_often_as_the_plan_counts(tp_mesh, family, cfg, per_block):
+    """The same for other families, whole models: a transformers model under its own base_model_tp_plan
+    (llama's attention (q, k, v) and MLP (gate, up) take their input replicated; starcoder2's MLP has one
+    column-wise layer, which needs nothing), and a stack of MLPs (one column- and one row-wise layer a
+    block). parallel/tp.block_all_reduces, which the plan's step time prices, counts the same."""
     model = build_model(cfg, seed=0)
-    apply_tp(model, tp_mesh, model_spec("hf").tp_plan(cfg, False), name="hf", sequence_parallel=False)
+    plan = model_spec(family).tp_plan(cfg, False)
+    apply_tp(model, tp_mesh, plan, name=family, sequence_parallel=False)
     forward, backward = CommDebugMode(), CommDebugMode()
     with forward:
-        loss = model(torch.randint(0, 128, (1, 4))).float().sum()
+        # The MLPs' input wants its gradient, as a block's input inside a model does (an embedding's output).
+        loss = model(torch.randint(0, 128, (1, 4)) if family == "hf" else torch.randn(3, 4, requires_grad=True)).float().sum()
     with backward:
         loss.backward()
     all_reduce, layers = torch.ops.c10d_functional.all_reduce, len(model.blocks)
-    assert forward.get_comm_counts()[all_reduce] == 2 * layers
-    assert backward.get_comm_counts()[all_reduce] == 2 * layers
+    counted = (forward.get_comm_counts()[all_reduce], backward.get_comm_counts()[all_reduce])
+    assert counted == (per_block[0] * layers, per_block[1] * layers)
+    assert block_all_reduces(plan[1]) == per_block

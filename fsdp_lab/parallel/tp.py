@@ -12,12 +12,13 @@ import logging
 from collections.abc import Callable
 
 from torch import nn
-from torch.distributed.tensor.parallel import parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
 
 from fsdp_lab.config import ConfigError, RunConfig
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import families_with
 from fsdp_lab.models.spec import ModelSpec, TPPlan
+from fsdp_lab.models.tp_styles import ReplicatedInput
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,19 @@ def apply_tp(model: nn.Module, tp_mesh, plan: TPPlan, *, name: str, sequence_par
     for block in model.blocks:
         parallelize_module(block, tp_mesh, adapt(block, block_plan))
     log.info("tp: %s plan over %d ranks, %d blocks, sequence_parallel=%s", name, tp_mesh.size(), len(model.blocks), sequence_parallel)
+
+
+def block_all_reduces(block_plan: Plan) -> tuple[int, int]:
+    """(forward, backward) all-reduces a block issues under `block_plan`, as the plan's step time prices
+    them (with sequence parallelism each is a reduce-scatter and an all-gather, the same bytes): one per
+    row-wise layer's output in forward; in backward one per module whose input enters replicated
+    (PrepareModuleInput, ReplicatedInput: its column-wise layers' gradients summed first), and one per
+    column-wise layer outside such a module, which reduces its own."""
+    colwise = [path for path, style in block_plan.items() if isinstance(style, ColwiseParallel)]
+    entering = [path for path, style in block_plan.items() if isinstance(style, (PrepareModuleInput, ReplicatedInput))]
+    parent_of = {c: next((p for p in entering if c.startswith(p + ".")), c) for c in colwise}
+    forward = sum(isinstance(style, RowwiseParallel) for style in block_plan.values())
+    return forward, len(set(parent_of.values()))
 
 
 def check_tp(run: RunConfig, dims: ParallelDims, spec: ModelSpec) -> None:

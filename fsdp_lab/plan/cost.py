@@ -151,6 +151,7 @@ class Model:
     clips: bool = False  # optim.max_norm is set
     float8_share: float = 0.0  # of the blocks' matmuls, run in float8 (float8.recipe)
     op_ac_share: float = 0.0  # of the blocks, checkpointed under the op-level policy (ac=selective, ac.selective=op)
+    tp_all_reduces: tuple[int, int] = (2, 2)  # (forward, backward) a block issues under TP (parallel/tp.block_all_reduces)
     _priced: dict = field(default_factory=dict, repr=False)  # (mb, tp, device) -> parts: the search prices many layouts alike
 
     def parts(self, mb: int, tp: int, device: Device) -> tuple[dict[str, Parts], dict[str, Parts]]:
@@ -292,10 +293,11 @@ def step_time(model: Model, layout: Layout, device: Device, gpus_per_node: int) 
         return device.memory_s(n * (model.param_bytes + model.reduce_bytes)) + device.memory_s(2 * n / shard * SHARD_BYTES)
 
     regather = gather_copies(unit) if layout.reshard else 0.0
-    # TP all-reduces a block's attention and MLP once each way: the models' plans pass each module's input
-    # as one replicated DTensor, so backward sums q/k/v's (w1/w3's) gradients first (tests/test_tp_plan.py).
-    fwd_b = Work(gpu(block["fwd"], True) + 2 * tp_ar + gather_copies(unit), issue(block["fwd"], True) + tp_compiled / 2)
-    bwd_b = Work(gpu(block["bwd"], True) + 2 * tp_ar + regather + reduce_copies(unit),
+    # TP's all-reduces block the compute stream: as many as the family's plan issues each way (a
+    # transformer's attention and MLP once each, its q/k/v gradients summed before theirs).
+    ar_fwd, ar_bwd = model.tp_all_reduces
+    fwd_b = Work(gpu(block["fwd"], True) + ar_fwd * tp_ar + gather_copies(unit), issue(block["fwd"], True) + tp_compiled / 2)
+    bwd_b = Work(gpu(block["bwd"], True) + ar_bwd * tp_ar + regather + reduce_copies(unit),
                  issue(block["bwd"], True) + ac_host + tp_compiled / 2 + tp_ac)
     fwd_r = Work(gpu(rest["fwd"], False) + tp_ar + gather_copies(root), issue(rest["fwd"], False))
     bwd_r = Work(gpu(rest["bwd"], False) + tp_ar + reduce_copies(root), issue(rest["bwd"], False))

@@ -56,7 +56,7 @@ class Predictor:
                 layers=layers, depth=min(layers, TRACED_DEPTH), block_params=block, other_params=other,
                 param_bytes=DTYPE_BYTES[param_dtype], reduce_bytes=DTYPE_BYTES[f.reduce_dtype or param_dtype],
                 seq_len=self.run.train.seq_len, clips=self.run.optim.max_norm is not None, float8_share=self.facts.float8_share,
-                op_ac_share=op_ac_share(self.run.ac, ac),
+                op_ac_share=op_ac_share(self.run.ac, ac), tp_all_reduces=self.facts.tp_all_reduces,
             )
         return self._models[ac]
 

@@ -303,13 +303,15 @@ class ModelFacts:
     flops_per_token: float
     tokens_per_sample: int
     float8_share: float = 0.0  # of the blocks' matmuls, converted to float8 (parallel/float8.py)
+    tp_all_reduces: tuple[int, int] = (0, 0)  # (forward, backward) a block issues under its family's TP plan
 
 
 def model_facts(run: RunConfig) -> ModelFacts:
     """What the plan needs to know of any model the lab trains, from the instance its spec builds on
     the meta device: its blocks (how many, their parameters) and what sits outside them."""
-    from fsdp_lab.models import build_meta
+    from fsdp_lab.models import build_meta, model_spec
     from fsdp_lab.parallel.float8 import converted_block_share
+    from fsdp_lab.parallel.tp import block_all_reduces
 
     model = build_meta(run.model)
     blocks = list(model.blocks)
@@ -319,5 +321,7 @@ def model_facts(run: RunConfig) -> ModelFacts:
     in_blocks = {id(p): p.numel() for b in blocks for p in b.parameters()}
     total = sum(p.numel() for p in model.parameters())
     seq = run.train.seq_len
+    tp_plan = model_spec(run.model.name).tp_plan
+    tp_all_reduces = block_all_reduces(tp_plan(run.model, run.mesh.sequence_parallel)[1]) if tp_plan else (0, 0)
     return ModelFacts(len(blocks), sum(in_blocks.values()), total - sum(in_blocks.values()), model.flops_per_token(seq),
-                      model.tokens_per_sample(seq), converted_block_share(model, run.float8))
+                      model.tokens_per_sample(seq), converted_block_share(model, run.float8), tp_all_reduces)
