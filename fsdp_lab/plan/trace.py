@@ -302,8 +302,8 @@ class ModelFacts:
     other_params: int
     flops_per_token: float
     tokens_per_sample: int
+    tp_all_reduces: tuple[int, int]  # (forward, backward) a block issues under its family's TP plan; (0, 0) without one
     float8_share: float = 0.0  # of the blocks' matmuls, converted to float8 (parallel/float8.py)
-    tp_all_reduces: tuple[int, int] = (0, 0)  # (forward, backward) a block issues under its family's TP plan
 
 
 def model_facts(run: RunConfig) -> ModelFacts:
@@ -324,4 +324,4 @@ def model_facts(run: RunConfig) -> ModelFacts:
     tp_plan = model_spec(run.model.name).tp_plan
     tp_all_reduces = block_all_reduces(tp_plan(run.model, run.mesh.sequence_parallel)[1]) if tp_plan else (0, 0)
     return ModelFacts(len(blocks), sum(in_blocks.values()), total - sum(in_blocks.values()), model.flops_per_token(seq),
-                      model.tokens_per_sample(seq), converted_block_share(model, run.float8), tp_all_reduces)
+                      model.tokens_per_sample(seq), tp_all_reduces, converted_block_share(model, run.float8))
