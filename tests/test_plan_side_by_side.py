@@ -25,7 +25,8 @@ def test_a_pool_starts_only_where_it_finishes_first():
 
 
 def test_fast_calls_stay_in_this_process():
-    """Under plan.workers=0 calls this fast never start a pool (the fast tier refuses a started process)."""
+    """Under plan.workers=0 the calls run here, in order, the first ones before any pool is considered (the
+    fast tier refuses a started process, and holds the timing rule, tested above, to no pool: tests/tiers.py)."""
     with SideBySide(0) as side:
         assert side.map(os.getpid, [()] * 5) == [os.getpid()] * 5
         assert side.map(os.getpid, [()] * 5) == [os.getpid()] * 5  # warm now: its first call here timed the rest
