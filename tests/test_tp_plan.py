@@ -20,6 +20,17 @@ from fsdp_lab.models import build_model, model_spec
 from fsdp_lab.parallel.tp import apply_tp, block_all_reduces
 
 
+def all_reduces(forward) -> tuple[int, int]:
+    """(forward, backward) all-reduces CommDebugMode counts: `forward()` gives a tensor to sum and backpropagate."""
+    in_forward, in_backward = CommDebugMode(), CommDebugMode()
+    with in_forward:
+        loss = forward().float().sum()
+    with in_backward:
+        loss.backward()
+    op = torch.ops.c10d_functional.all_reduce
+    return in_forward.get_comm_counts()[op], in_backward.get_comm_counts()[op]
+
+
 @pytest.fixture
 def tp_mesh(fake_group):
     fake_group(2)
@@ -55,14 +66,7 @@ def test_a_block_all_reduces_once_per_attention_and_mlp_each_way(tp_mesh):
     apply_tp(model, tp_mesh, model_spec("transformer").tp_plan(cfg, False), name="transformer", sequence_parallel=False)
     block, cos, sin = model.layers[0], *model.rotary.for_block(model.layers[0], 1, 3, torch.device("cpu"), torch.float32)
     x = torch.randn(1, 3, 8, requires_grad=True)
-    forward, backward = CommDebugMode(), CommDebugMode()
-    with forward:
-        out = block(x, cos, sin)
-    with backward:
-        out.sum().backward()
-    all_reduce = torch.ops.c10d_functional.all_reduce
-    assert forward.get_comm_counts()[all_reduce] == 2
-    assert backward.get_comm_counts()[all_reduce] == 2
+    assert all_reduces(lambda: block(x, cos, sin)) == (2, 2)
     assert x.grad is not None and x.grad.shape == x.shape
     assert block_all_reduces(model_spec("transformer").tp_plan(cfg, False)[1]) == (2, 2)  # what the plan prices
 
@@ -80,13 +84,8 @@ def test_a_familys_blocks_all_reduce_as_often_as_the_plan_counts(tp_mesh, family
     model = build_model(cfg, seed=0)
     plan = model_spec(family).tp_plan(cfg, False)
     apply_tp(model, tp_mesh, plan, name=family, sequence_parallel=False)
-    forward, backward = CommDebugMode(), CommDebugMode()
-    with forward:
-        # The MLPs' input wants its gradient, as a block's input inside a model does (an embedding's output).
-        loss = model(torch.randint(0, 128, (1, 4)) if family == "hf" else torch.randn(3, 4, requires_grad=True)).float().sum()
-    with backward:
-        loss.backward()
-    all_reduce, layers = torch.ops.c10d_functional.all_reduce, len(model.blocks)
-    counted = (forward.get_comm_counts()[all_reduce], backward.get_comm_counts()[all_reduce])
-    assert counted == (per_block[0] * layers, per_block[1] * layers)
+    # The MLPs' input wants its gradient, as a block's input inside a model does (an embedding's output).
+    inputs = torch.randint(0, 128, (1, 4)) if family == "hf" else torch.randn(3, 4, requires_grad=True)
+    layers = len(model.blocks)
+    assert all_reduces(lambda: model(inputs)) == (per_block[0] * layers, per_block[1] * layers)
     assert block_all_reduces(plan[1]) == per_block

@@ -30,7 +30,10 @@ class ReplicatedInput(ParallelStyle):
     """For a module whose column-wise layers all read its input (an attention's q, k and v; an MLP's
     gate and up): the input, its first positional argument or `hidden_states`, enters as one replicated
     DTensor. In backward autograd then sums the layers' partial gradients before one all-reduce, where
-    each column-wise layer taking a plain tensor would all-reduce its own (Megatron's f: one a module)."""
+    each column-wise layer taking a plain tensor would all-reduce its own (Megatron's f: one a module).
+    torch's PrepareModuleInput would need to know how the family calls the module: its positional
+    layouts must match the call's positional inputs in number (llama passes `hidden_states=` to its
+    attention and the tensor to its MLP)."""
 
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
         def replicate(x):

@@ -46,11 +46,12 @@ def block_all_reduces(block_plan: Plan) -> tuple[int, int]:
     row-wise layer's output in forward; in backward one per module whose input enters replicated
     (PrepareModuleInput, ReplicatedInput: its column-wise layers' gradients summed first), and one per
     column-wise layer outside such a module, which reduces its own."""
-    colwise = [path for path, style in block_plan.items() if isinstance(style, ColwiseParallel)]
     entering = [path for path, style in block_plan.items() if isinstance(style, (PrepareModuleInput, ReplicatedInput))]
-    parent_of = {c: next((p for p in entering if c.startswith(p + ".")), c) for c in colwise}
+    # Each column-wise layer's gradient leaves through the module it enters replicated under, else alone.
+    reducing = {next((p for p in entering if path.startswith(p + ".")), path)
+                for path, style in block_plan.items() if isinstance(style, ColwiseParallel)}
     forward = sum(isinstance(style, RowwiseParallel) for style in block_plan.values())
-    return forward, len(set(parent_of.values()))
+    return forward, len(reducing)
 
 
 def check_tp(run: RunConfig, dims: ParallelDims, spec: ModelSpec) -> None:

@@ -148,10 +148,10 @@ class Model:
     param_bytes: int  # bytes per element the all-gathers move (fsdp.param_dtype)
     reduce_bytes: int  # ... and the reduce-scatters (fsdp.reduce_dtype)
     seq_len: int
+    tp_all_reduces: tuple[int, int]  # (forward, backward) a block issues under TP (parallel/tp.block_all_reduces)
     clips: bool = False  # optim.max_norm is set
     float8_share: float = 0.0  # of the blocks' matmuls, run in float8 (float8.recipe)
     op_ac_share: float = 0.0  # of the blocks, checkpointed under the op-level policy (ac=selective, ac.selective=op)
-    tp_all_reduces: tuple[int, int] = (2, 2)  # (forward, backward) a block issues under TP (parallel/tp.block_all_reduces): a transformer's
     _priced: dict = field(default_factory=dict, repr=False)  # (mb, tp, device) -> parts: the search prices many layouts alike
 
     def parts(self, mb: int, tp: int, device: Device) -> tuple[dict[str, Parts], dict[str, Parts]]:
