@@ -10,16 +10,16 @@ import math
 import pytest
 import torch
 from torch import nn
-from torch.distributed.tensor import Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
 from fsdp_lab.config import Float8Config
 from fsdp_lab.models.transformer import TransformerConfig
 from fsdp_lab.estimate import estimate
-from fsdp_lab.models import build_meta, build_model, materializer
+from fsdp_lab.models import build_meta, build_model, materializer, transformer_spec
 from fsdp_lab.parallel.float8 import apply_float8, converted_block_share, float8_plan
 from torchao.float8.float8_linear import Float8Linear
-from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
 from in_process import run_lab_here
 from test_bad_input import assert_refused_before_any_rank_starts
 from warm_lab import run_lab_warm
@@ -98,6 +98,19 @@ def test_tensorwise_tp_plan_swaps_converted_linears_for_torchaos_float8_styles_k
     assert type(styles["attention.wo"]) is Float8RowwiseParallel and styles["attention.wo"].output_layouts == (Shard(1),)
     assert styles["attention.wo"].input_layouts == (Shard(-1),) and plan["attention.wq"].output_layouts == (Shard(-1),)
     assert float8_plan(block, plan, Float8Config(recipe="rowwise")) is plan, "rowwise keeps PyTorch's styles, as torchtitan"
+
+
+def test_a_module_feeding_only_converted_column_wise_linears_casts_its_input_to_float8_once():
+    block = build_meta(TINY).layers[0]
+    apply_float8(block, Float8Config(recipe="tensorwise", skip=["wv"]), torch.device("cpu"))
+    plan = transformer_spec.tp_plan(TINY, sequence_parallel=True)[1]
+    styles = float8_plan(block, plan, Float8Config(recipe="tensorwise"))
+    assert type(styles["attention"]) is PrepareModuleInput
+    assert type(styles["feed_forward"]) is PrepareFloat8ModuleInput
+    assert styles["feed_forward"].input_layouts == (Shard(1),) and styles["feed_forward"].desired_input_layouts == (Replicate(),)
+    assert styles["attention"] is plan["attention"], "wv stays in high precision: a float8 input would reach it"
+    assert float8_plan(block, {"feed_forward": plan["feed_forward"], "feed_forward.w2": plan["feed_forward.w2"]},
+                       Float8Config(recipe="tensorwise"))["feed_forward"] is plan["feed_forward"], "no column-wise linear to feed"
 
 
 def test_the_estimate_traces_the_float8_model(prepared):

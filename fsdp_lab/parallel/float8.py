@@ -92,24 +92,41 @@ def float8_tp_styles(cfg: Float8Config):
 
 def float8_plan(module: nn.Module, plan: dict[str, object], cfg: Float8Config) -> dict[str, object]:
     """`plan` (path under `module` -> style) with the styles of converted linears swapped for torchao's
-    float8 ones; each keeps the layouts the model's plan gave it."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    float8 ones; each keeps the layouts the model's plan gave it. A module whose input enters as one
+    DTensor (PrepareModuleInput) and feeds only converted column-wise linears casts that input to
+    float8 once on its way in (torchao's PrepareFloat8ModuleInput, as torchtitan): one cast where each
+    linear made its own, and with sequence parallelism the all-gather moves float8."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
     from torchao.float8.float8_linear import Float8Linear
+    from torchao.float8.float8_tensor_parallel import PrepareFloat8ModuleInput
 
     styles = float8_tp_styles(cfg)
     if styles is None:
         return plan
     colwise, rowwise = styles
+    swaps = ((ColwiseParallel, colwise), (RowwiseParallel, rowwise))
     out = dict(plan)
     for path, style in plan.items():
+        if type(style) is PrepareModuleInput:
+            # The module's input feeds its column-wise linears (the row-wise ones take their output):
+            # only where each is converted, else a float8 input would reach a high-precision one.
+            fed = [module.get_submodule(p) for p, s in plan.items() if p.startswith(path + ".") and isinstance(s, ColwiseParallel)]
+            if fed and all(isinstance(m, Float8Linear) for m in fed):
+                out[path] = _restyled(style, PrepareFloat8ModuleInput)
+            continue
         if not isinstance(module.get_submodule(path), Float8Linear):
             continue
-        for plain, f8 in ((ColwiseParallel, colwise), (RowwiseParallel, rowwise)):
+        for plain, f8 in swaps:
             if isinstance(style, plain):
-                swapped = f8()
-                vars(swapped).update(vars(style))  # layouts and use_local_output as the model's plan set them
-                out[path] = swapped
+                out[path] = _restyled(style, f8)
     return out
+
+
+def _restyled(style, cls):
+    """A `cls` style with the layouts (and use_local_output) the model's plan gave `style`."""
+    swapped = cls()
+    vars(swapped).update(vars(style))
+    return swapped
 
 
 def precompute_scales_after_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
