@@ -426,6 +426,10 @@ class Float8Config:
     fsdp_all_gather: bool = False
     """tensorwise with FSDP2: cast the sharded weights to float8 before the all-gather (half bf16's
     bytes), their scales precomputed in one all-reduce after every optimizer step."""
+    tp_scales: str = choice("tensor", "tensor", "shard")
+    """tensorwise with mesh.tp > 1: tensor = one scale over each whole tensor, as torchao casts a DTensor
+    (an all-reduce of its amax at every cast of a tensor-parallel shard); shard = each rank's shard its own
+    scale, no collective beyond the TP plan's (fsdp_lab/parallel/float8_shard_scales.py)."""
     skip: list[str] = field(default_factory=lambda: ["output"])
     """Linears kept in high precision: a module whose name (as in the model, e.g. layers.0.attention.wq)
     equals or ends with `.`+an entry, or starts with an entry + `.`; the output projection by default,

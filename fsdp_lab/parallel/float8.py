@@ -76,6 +76,11 @@ def apply_float8(model: nn.Module, cfg: Float8Config, device: torch.device) -> N
     convert_to_float8_training(model, config=torchao_config(cfg, emulate), module_filter_fn=lambda m, name: name in chosen)
     for name, original in chosen.items():
         takes_place_of(model.get_submodule(name), original)
+    if cfg.tp_scales == "shard":
+        from fsdp_lab.parallel.float8_shard_scales import use_shard_scales
+
+        for name in chosen:
+            use_shard_scales(model.get_submodule(name))
     log.info("float8: %s, %d linears converted, fsdp_all_gather=%s%s", cfg.recipe, len(chosen),
              str(cfg.fsdp_all_gather).lower(), ", emulated (no float8 matmul on this device)" if emulate else "")
 
@@ -104,7 +109,9 @@ def float8_plan(module: nn.Module, plan: dict[str, object], cfg: Float8Config) -
     if styles is None:
         return plan
     colwise, rowwise = styles
-    swaps = ((ColwiseParallel, colwise), (RowwiseParallel, rowwise))
+    # torchao's float8 TP styles cast the layer's input or output gradient as the whole DTensor; with
+    # shard scales the layer casts its local shards itself, under PyTorch's styles.
+    swaps = () if cfg.tp_scales == "shard" else ((ColwiseParallel, colwise), (RowwiseParallel, rowwise))
     out = dict(plan)
     for path, style in plan.items():
         if type(style) is PrepareModuleInput:
@@ -165,6 +172,8 @@ def check_float8(run, dims, device_type: str, model: nn.Module, tp_plan) -> None
         raise ConfigError(f"float8.recipe={f.recipe}: needs torchao (pip install 'fsdp_lab[float8]'); allowed without it: none") from None
     if engine == "fsdp1":
         raise ConfigError(f"float8.recipe={f.recipe} with mesh.engine=fsdp1: torchao's float8 training composes with fully_shard and DDP; allowed: mesh.engine=fsdp2|ddp")
+    if f.tp_scales == "shard" and f.recipe != "tensorwise":
+        raise ConfigError(f"float8.tp_scales=shard with float8.recipe={f.recipe}: only tensorwise scales span a whole tensor; allowed: float8.tp_scales=tensor, or float8.recipe=tensorwise")
     if f.fsdp_all_gather and f.recipe != "tensorwise":
         raise ConfigError(f"float8.fsdp_all_gather=true with float8.recipe={f.recipe}: only one scale per tensor can be gathered with its shards; allowed: float8.recipe=tensorwise")
     if f.fsdp_all_gather and engine != "fsdp2":
