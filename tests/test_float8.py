@@ -148,6 +148,7 @@ REFUSALS = [
     ("float8.recipe=rowwise float8.tp_scales=shard",
      "float8.tp_scales=shard with float8.recipe=rowwise: only tensorwise scales span a whole tensor; allowed: float8.tp_scales=tensor"),
     ("float8.recipe=tensorwise float8.tp_scales=row", "float8.tp_scales=row: allowed are tensor, shard"),
+    ("float8.tp_scales=shard", "float8.tp_scales=shard with float8.recipe=none: there are no float8 casts to scale; allowed: float8.recipe=tensorwise"),
 ]
 
 
@@ -184,7 +185,7 @@ def test_fsdp2_with_float8_all_gather_drifts_within_its_tolerance(tmp_path):
     result = run_lab_warm(*RUN, "float8.recipe=tensorwise", "float8.fsdp_all_gather=true", run_dir=tmp_path / "run")
     assert_float8_drift(result, 2)
     out = result.stdout + result.stderr
-    assert "float8: tensorwise, 14 linears converted, fsdp_all_gather=true, emulated" in out
+    assert "float8: tensorwise, 14 linears converted, fsdp_all_gather=true, tp_scales=tensor, emulated" in out
     assert "float8: weight scales precomputed after every optimizer.step" in out
 
 

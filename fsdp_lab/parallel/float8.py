@@ -81,8 +81,8 @@ def apply_float8(model: nn.Module, cfg: Float8Config, device: torch.device) -> N
 
         for name in chosen:
             use_shard_scales(model.get_submodule(name))
-    log.info("float8: %s, %d linears converted, fsdp_all_gather=%s%s", cfg.recipe, len(chosen),
-             str(cfg.fsdp_all_gather).lower(), ", emulated (no float8 matmul on this device)" if emulate else "")
+    log.info("float8: %s, %d linears converted, fsdp_all_gather=%s, tp_scales=%s%s", cfg.recipe, len(chosen),
+             str(cfg.fsdp_all_gather).lower(), cfg.tp_scales, ", emulated (no float8 matmul on this device)" if emulate else "")
 
 
 def float8_tp_styles(cfg: Float8Config):
@@ -165,6 +165,8 @@ def check_float8(run, dims, device_type: str, model: nn.Module, tp_plan) -> None
     if not enabled(f):
         if f.fsdp_all_gather:
             raise ConfigError("float8.fsdp_all_gather=true with float8.recipe=none: there are no float8 weights to gather; allowed: float8.recipe=tensorwise")
+        if f.tp_scales == "shard":
+            raise ConfigError("float8.tp_scales=shard with float8.recipe=none: there are no float8 casts to scale; allowed: float8.recipe=tensorwise")
         return
     try:
         import torchao.float8  # noqa: F401

@@ -32,17 +32,17 @@ class ShardScaledFloat8Linear(Float8Linear):
             # Column-wise: this rank's output features. Its input's gradient is this rank's share of
             # the sum, which the TP style's input layout then reduces.
             out_at, x_grad_at = Shard(input.ndim - 1), Partial()
-            out_shape = (*input.shape[:-1], w.shape[0])
         elif w_at == Shard(1) and _last_dim_shard(x_at, input.ndim):
             # Row-wise: partial sums over this rank's input features, which the TP style reduces.
             out_at, x_grad_at = Partial(), x_at
-            out_shape = (*input.shape[:-1], w.shape[0])
         else:
             return super().forward(input)
         x = input.to_local(grad_placements=(x_grad_at,))
         if torch.is_autocast_enabled():  # as torchao's forward: the output in autocast's precision
             x = x.to(torch.get_autocast_gpu_dtype())
         out = matmul_with_hp_or_float8_args.apply(x, w.to_local().t(), self.linear_mm_config, self.config)
+        # The global shape given, not inferred: inference assumes every rank holds as many columns as this one.
+        out_shape = (*input.shape[:-1], w.shape[0])
         out = DTensor.from_local(out, w.device_mesh, (out_at,), run_check=False,
                                  shape=torch.Size(out_shape), stride=torch.empty(out_shape, device="meta").stride())
         if self.bias is not None:
