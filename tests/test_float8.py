@@ -73,7 +73,9 @@ def test_the_plans_trace_holds_float8_matmuls_and_each_cast_eager_and_fused():
     (an input, a weight, a gradient) is one op of the bytes compiled kernels move, beside its eager
     chain of ops; a compiled float8 layout is priced below bf16's on the H100 table."""
     from fsdp_lab.plan.predict import predict_overrides, run_of
-    from fsdp_lab.plan.trace import FLOAT8_CAST, trace_step
+    from fsdp_lab.plan.cost import price
+    from fsdp_lab.plan.device import load_device
+    from fsdp_lab.plan.trace import FLOAT8_CAST, FLOAT8_WEIGHT_CAST, Trace, trace_step
 
     bf16, float8 = (trace_step(run_of([*WIDE, *extra]), layers=2, batch=1, ac="none") for extra in ([], ["float8.recipe=tensorwise"]))
     for phase in ("fwd", "bwd"):
@@ -82,6 +84,16 @@ def test_the_plans_trace_holds_float8_matmuls_and_each_cast_eager_and_fused():
         chains = [o for o in float8.ops if o.name.startswith(FLOAT8_CAST + ".") and o.phase == phase]
         assert casts and len(chains) > 3 * len(casts), phase  # amax, scale, scaled copy: several eager ops each
     assert not any(o.kind == "cast" or o.name.startswith(FLOAT8_CAST) for o in bf16.ops)
+    # A weight's cast is named as such (forward, and torchao's again in backward): 7 linears in each of 2 blocks.
+    assert [sum(o.name == FLOAT8_WEIGHT_CAST for o in float8.ops if o.kind == "cast" and o.phase == ph) for ph in ("fwd", "bwd")] == [14, 14]
+    # Under TP a rank casts its shard of each weight; the activations' casts are priced whole.
+    h100 = load_device("h100-80gb")
+    weights_only = Trace([o for o in float8.ops if o.kind != "cast" or o.name == FLOAT8_WEIGHT_CAST], float8.host_ops, float8.peak_bytes)
+    others = Trace([o for o in float8.ops if o.kind != "cast" or o.name != FLOAT8_WEIGHT_CAST], float8.host_ops, float8.peak_bytes)
+    for phase in ("fwd", "bwd"):
+        cast = {(name, tp): price(t, t, 1, tp, h100)[phase].cast_compiled for name, t in (("weights", weights_only), ("others", others)) for tp in (1, 2)}
+        assert cast["weights", 2] == pytest.approx(cast["weights", 1] / 2) and cast["weights", 1] > 0
+        assert cast["others", 2] == cast["others", 1] > 0
     predicted = {f8: predict_overrides([*WIDE, f"float8.recipe={f8}", "mesh.dp_shard=4"], world_size=4, device="h100-80gb", gpus_per_node=4)
                  for f8 in ("none", "tensorwise")}
     assert predicted["tensorwise"]["gpu_s"] < predicted["none"]["gpu_s"]

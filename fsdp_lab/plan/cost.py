@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fsdp_lab.mesh import MESH_DIM_NAMES, degrees, ranks
 from fsdp_lab.plan.device import Device
 from fsdp_lab.plan.host import kernel_s
-from fsdp_lab.plan.trace import FLOAT8_CAST, Trace
+from fsdp_lab.plan.trace import FLOAT8_CAST, FLOAT8_WEIGHT_CAST, Trace
 
 # FSDP collectives a block issues one to a unit, resharding after forward (all-gather, re-gather,
 # reduce-scatter): the layout the device table's host figures were timed at (fsdp_lab/calibrate/host.py).
@@ -130,8 +130,8 @@ def price(one: Trace, two: Trace, mb: int, tp: int, device: Device) -> dict[str,
                 bh, s, d = dims
                 p.attn += device.attention_s(math.ceil(bh / tp), s, d, backward=phase == "bwd")
         p.mem = _bandwidth_s(ops1, ops2, mb, device, lambda o: o.kind == "mem" and not o.name.startswith(FLOAT8_CAST))
-        p.cast_eager = _bandwidth_s(ops1, ops2, mb, device, lambda o: o.kind == "mem" and o.name.startswith(FLOAT8_CAST))
-        p.cast_compiled = _bandwidth_s(ops1, ops2, mb, device, lambda o: o.kind == "cast")
+        p.cast_eager = _casts_s(ops1, ops2, mb, tp, device, lambda o: o.kind == "mem" and o.name.startswith(FLOAT8_CAST))
+        p.cast_compiled = _casts_s(ops1, ops2, mb, tp, device, lambda o: o.kind == "cast")
         out[phase] = p
     return out
 
@@ -183,6 +183,14 @@ def _bandwidth_s(ops1: list, ops2: list, mb: int, device: Device, chosen) -> flo
     bytes2 = sum(o.dims[0] for o in ops2 if chosen(o))
     ratio = (bytes1 + (bytes2 - bytes1) * (mb - 1)) / bytes1 if bytes1 else 1.0
     return sum(device.memory_s(o.dims[0] * ratio) for o in ops1 if chosen(o))
+
+
+def _casts_s(ops1: list, ops2: list, mb: int, tp: int, device: Device, chosen) -> float:
+    """Seconds of the chosen float8 casts. Under TP a rank casts only its shard of each weight; an
+    activation's cast is priced whole (a column-wise layer's input is replicated on every rank)."""
+    weight = lambda o: o.name.startswith(FLOAT8_WEIGHT_CAST)  # noqa: E731
+    weights = _bandwidth_s(ops1, ops2, mb, device, lambda o: chosen(o) and weight(o))
+    return weights / tp + _bandwidth_s(ops1, ops2, mb, device, lambda o: chosen(o) and not weight(o))
 
 
 def _price_like(one: Trace, two1: Trace, two2: Trace, mb: int, tp: int, device: Device) -> dict[str, Parts]:

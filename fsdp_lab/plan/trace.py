@@ -187,13 +187,15 @@ def _matmul(name: str, args, phase: str, dtype: str) -> Op:
 # The ops of one float8 cast (amax, scale, scaled copy) are named with this prefix; beside them one op of
 # kind "cast" holds the bytes torch.compile's fused kernels move for it (plan/cost.py prices either).
 FLOAT8_CAST = "float8_cast"
+FLOAT8_WEIGHT_CAST = FLOAT8_CAST + ".weight"  # a weight's cast: under TP a rank casts only its shard
 
 
 class _Float8Casts:
     """Each of torchao's dynamic float8 casts (an input, a weight, a gradient; hp_tensor_to_float8_dynamic,
     wherever torchao calls it) recorded twice over: its eager chain of ops, as a GPU runs them uncompiled,
-    named FLOAT8_CAST + "."; and one op of kind "cast", the bytes compiled kernels move for it: the
-    high-precision tensor read for its amax and again for the cast, the float8 copy written."""
+    named FLOAT8_CAST + "." (a weight's FLOAT8_WEIGHT_CAST + "."); and one op of kind "cast", the bytes
+    compiled kernels move for it: the high-precision tensor read for its amax and again for the cast,
+    the float8 copy written."""
 
     NAME = "hp_tensor_to_float8_dynamic"
 
@@ -211,14 +213,16 @@ class _Float8Casts:
             def cast(hp_tensor, *args, _original=original, **kwargs):
                 if recorder.paused or recorder.prefix:
                     return _original(hp_tensor, *args, **kwargs)
-                recorder.prefix = FLOAT8_CAST + "."
+                role = kwargs.get("gemm_input_role")  # torchao passes it by name
+                name = FLOAT8_WEIGHT_CAST if getattr(role, "name", None) == "WEIGHT" else FLOAT8_CAST
+                recorder.prefix = name + "."
                 try:
                     out = _original(hp_tensor, *args, **kwargs)
                 finally:
                     recorder.prefix = ""
                 local = hp_tensor.to_local() if hasattr(hp_tensor, "to_local") else hp_tensor
                 dtype = str(local.dtype).removeprefix("torch.")
-                recorder.ops.append(Op(FLOAT8_CAST, "cast", _phase(), (local.numel() * (2 * local.element_size() + 1),), dtype))
+                recorder.ops.append(Op(name, "cast", _phase(), (local.numel() * (2 * local.element_size() + 1),), dtype))
                 return out
 
             self.patched.append((module, original))
