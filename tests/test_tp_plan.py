@@ -12,11 +12,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
+from fsdp_lab.config import Float8Config
 from fsdp_lab.models.hf import HFConfig
 from fsdp_lab.models.hf_families import tiny_config
 from fsdp_lab.models.mlp import MLPConfig, MLPStackConfig
 from fsdp_lab.models.transformer import TransformerConfig
 from fsdp_lab.models import build_model, model_spec
+from fsdp_lab.parallel.float8 import apply_float8, float8_plan
 from fsdp_lab.parallel.tp import apply_tp, block_all_reduces
 
 
@@ -96,9 +98,6 @@ def test_float8_with_shard_scales_leaves_only_the_plans_all_reduces(tp_mesh, tp_
     """torchao casts a tensor-parallel shard as the whole DTensor, all-reducing its amax at every cast
     (at 8B on 2xH100, 931 all-reduces a step against bf16's 195); float8.tp_scales=shard casts the local
     shards and leaves the plan's own two each way."""
-    from fsdp_lab.config import Float8Config
-    from fsdp_lab.parallel.float8 import apply_float8, float8_plan
-
     cfg = TransformerConfig(dim=32, n_heads=2, ffn_dim=64, n_layers=1, vocab_size=16)
     model = build_model(cfg, seed=0)
     f8 = Float8Config(recipe="tensorwise", tp_scales=tp_scales)
@@ -113,3 +112,16 @@ def test_float8_with_shard_scales_leaves_only_the_plans_all_reduces(tp_mesh, tp_
     else:
         assert counts == per_block
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_a_transformers_model_with_float8_shard_scales_all_reduces_as_bf16_does(tp_mesh):
+    """The same through a transformers family's own plan (its column-wise inputs enter replicated via
+    ReplicatedInput, its layers under PyTorch's styles): two all-reduces a block each way, as in bf16."""
+    cfg = HFConfig(model_type="llama", config=tiny_config("llama"))
+    model = build_model(cfg, seed=0)
+    f8 = Float8Config(recipe="tensorwise", tp_scales="shard")
+    apply_float8(model, f8, torch.device("cpu"))
+    plan = model_spec("hf").tp_plan(cfg, False)
+    apply_tp(model, tp_mesh, plan, name="hf", sequence_parallel=False, styles=lambda module, p: float8_plan(module, p, f8))
+    layers = len(model.blocks)
+    assert all_reduces(lambda: model(torch.randint(0, 128, (1, 16)))) == (2 * layers, 2 * layers)
