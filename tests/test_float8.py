@@ -148,6 +148,8 @@ REFUSALS = [
      "float8.recipe=tensorwise: linear layers.0.attention.wq is 24 -> 24 per rank (mesh.tp=1); float8 matmuls need both multiples of 16"),
     ("float8.recipe=rowwise mesh=tp2d",
      "float8.recipe=rowwise: linear layers.0.attention.wq is 16 -> 8 per rank (mesh.tp=2); float8 matmuls need both multiples of 16"),
+    ("float8.recipe=tensorwise mesh=tp2d model.dim=32 model.ffn_dim=33",  # 17 + 16 over the tp ranks: the first does not fit
+     "float8.recipe=tensorwise: linear layers.0.feed_forward.w1 is 32 -> 17 per rank (mesh.tp=2); float8 matmuls need both multiples of 16"),
     ("float8.recipe=tensorwise float8.fsdp_all_gather=true mesh.dp_shard=3 model.dim=32 model.ffn_dim=32",
      "float8.fsdp_all_gather=true: linear layers.0.attention.wq's weight has 32 rows per tp rank, which do not split over mesh.dp_shard=3 ranks"),
     ("float8.recipe=tensorwise model.compile=true",

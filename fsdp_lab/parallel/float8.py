@@ -156,6 +156,12 @@ def _tp_split(model: nn.Module, plan) -> dict[str, str]:
     return {name: kind for name, style in placed.items() for cls, kind in kinds.items() if isinstance(style, cls)}
 
 
+def _per_tp_rank(features: int, tp: int) -> list[int]:
+    """A split dimension's sizes on the tp ranks, as DTensor shards it (torch.chunk: the last may hold fewer)."""
+    chunk = -(-features // tp)
+    return [size for size in (min(chunk, features - i * chunk) for i in range(tp)) if size > 0]
+
+
 def check_float8(run, dims, device_type: str, model: nn.Module, tp_plan) -> None:
     """What float8 training cannot do here, refused in one line before any rank starts. `model` is the
     run's model on meta; `tp_plan` its family's plan when mesh.tp > 1 (else None)."""
@@ -190,14 +196,18 @@ def check_float8(run, dims, device_type: str, model: nn.Module, tp_plan) -> None
         raise ConfigError(f"float8.recipe={f.recipe}: no nn.Linear of model.name={run.model.name} is left to convert (float8.skip={f.skip}); allowed: a float8.skip that keeps some, or float8.recipe=none")
     split = _tp_split(model, tp_plan) if dims.tp_enabled and tp_plan is not None else {}
     for name, m in linears.items():
-        out_f = m.out_features // dims.tp if split.get(name) == "colwise" else m.out_features
-        in_f = m.in_features // dims.tp if split.get(name) == "rowwise" else m.in_features
-        if out_f % FLOAT8_MULTIPLE or in_f % FLOAT8_MULTIPLE:
+        outs = _per_tp_rank(m.out_features, dims.tp if split.get(name) == "colwise" else 1)
+        ins = _per_tp_rank(m.in_features, dims.tp if split.get(name) == "rowwise" else 1)
+        unfit = [(i, o) for i in ins for o in outs if i % FLOAT8_MULTIPLE or o % FLOAT8_MULTIPLE]
+        if unfit:
+            in_f, out_f = unfit[0]
             raise ConfigError(
                 f"float8.recipe={f.recipe}: linear {name} is {in_f} -> {out_f} per rank (mesh.tp={dims.tp}); float8 matmuls need both "
                 f"multiples of {FLOAT8_MULTIPLE}; allowed: float8.skip=[...,{name.rsplit('.', 1)[-1]}] to keep it in high precision, or other model dims"
             )
-        if f.fsdp_all_gather and out_f % dims.dp_shard:
+        uneven = [o for o in outs if o % dims.dp_shard]
+        if f.fsdp_all_gather and uneven:
+            out_f = uneven[0]
             raise ConfigError(
                 f"float8.fsdp_all_gather=true: linear {name}'s weight has {out_f} rows per tp rank, which do not split over "
                 f"mesh.dp_shard={dims.dp_shard} ranks (torchao gathers even shards only); allowed: float8.fsdp_all_gather=false, a dp_shard dividing {out_f}, or float8.skip"
