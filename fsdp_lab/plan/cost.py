@@ -186,8 +186,9 @@ def _bandwidth_s(ops1: list, ops2: list, mb: int, device: Device, chosen) -> flo
 
 
 def _casts_s(ops1: list, ops2: list, mb: int, tp: int, device: Device, chosen) -> float:
-    """Seconds of the chosen float8 casts. Under TP a rank casts only its shard of each weight; an
-    activation's cast is priced whole (a column-wise layer's input is replicated on every rank)."""
+    """Seconds of the chosen float8 casts. Under TP a rank casts only its shard of each weight (the
+    families' plans split every linear of a block); an activation's cast is priced whole (a column-wise
+    layer's input is replicated on every rank)."""
     weight = lambda o: o.name.startswith(FLOAT8_WEIGHT_CAST)  # noqa: E731
     weights = _bandwidth_s(ops1, ops2, mb, device, lambda o: chosen(o) and weight(o))
     return weights / tp + _bandwidth_s(ops1, ops2, mb, device, lambda o: chosen(o) and not weight(o))
