@@ -10,6 +10,8 @@ are the TP plan's own."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torchao.float8.float8_linear import Float8Linear, matmul_with_hp_or_float8_args
@@ -41,10 +43,11 @@ class ShardScaledFloat8Linear(Float8Linear):
         if torch.is_autocast_enabled():  # as torchao's forward: the output in autocast's precision
             x = x.to(torch.get_autocast_gpu_dtype())
         out = matmul_with_hp_or_float8_args.apply(x, w.to_local().t(), self.linear_mm_config, self.config)
-        # The global shape given, not inferred: inference assumes every rank holds as many columns as this one.
-        out_shape = (*input.shape[:-1], w.shape[0])
-        out = DTensor.from_local(out, w.device_mesh, (out_at,), run_check=False,
-                                 shape=torch.Size(out_shape), stride=torch.empty(out_shape, device="meta").stride())
+        # The global shape given, not inferred: inference assumes every rank holds as many columns as this
+        # one. The matmul's output is contiguous, and so the global tensor it stands for.
+        shape = (*input.shape[:-1], w.shape[0])
+        stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+        out = DTensor.from_local(out, w.device_mesh, (out_at,), run_check=False, shape=torch.Size(shape), stride=stride)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out
