@@ -468,6 +468,16 @@ def test_float8_blocks_matmuls_are_priced_at_the_tables_measured_ratio(planned):
     assert float8_pricing(0.0, measured) is None
 
 
+def test_a_borrowed_float8_ratio_is_the_lenders_and_the_plan_says_whose():
+    """The h200 table takes the h100-80gb table's float8 ratio (the same tensor cores; not profiled on an
+    H200): it stays the lender's as that one is measured again, and the plan's line names the lender."""
+    h200 = load_device("h200")
+    lender = h200.float8_ratio_borrowed_from
+    assert lender == "h100-80gb" and h200.float8_matmul_ratio == load_device(lender).float8_matmul_ratio
+    assert "at 0.53x bf16's time (the h100-80gb table's measured ratio" in float8_pricing(1.0, h200)
+    assert "(the table's measured ratio)" in float8_pricing(1.0, load_device("h100-80gb"))
+
+
 @pytest.mark.slow
 def test_an_ac_candidates_host_time_grows_by_the_calibrated_checkpoint_figure(planned):
     """Each checkpointed block's backward adds the table's ac_block_s (compiled: ac_compiled_block_s)

@@ -54,8 +54,14 @@ class Device:
 
     @property
     def float8_matmul_ratio(self) -> float | None:
-        """A float8 linear's matmul time over bf16's, as measured on this device (None: not measured)."""
+        """A float8 linear's matmul time over bf16's, as measured on this device or borrowed from a device
+        of the same tensor cores (None: neither)."""
         return self.table.get("float8", {}).get("matmul_ratio")
+
+    @property
+    def float8_ratio_borrowed_from(self) -> str | None:
+        """The table whose measured float8 ratio this one takes (None: its own, or none)."""
+        return self.table.get("float8", {}).get("borrowed_from")
 
     @property
     def memory_bytes(self) -> float:
