@@ -470,7 +470,7 @@ def test_float8_blocks_matmuls_are_priced_at_the_tables_measured_ratio(planned):
 
 def test_a_borrowed_float8_ratio_is_the_lenders_and_the_plan_says_whose():
     """The h200 table takes the h100-80gb table's float8 ratio (the same tensor cores; not profiled on an
-    H200): it stays the lender's as that one is measured again, and the plan's line names the lender."""
+    H200), read from the lender when it loads, and the plan's line names the lender."""
     h200 = load_device("h200")
     lender = h200.float8_ratio_borrowed_from
     assert lender == "h100-80gb" and h200.float8_matmul_ratio == load_device(lender).float8_matmul_ratio
