@@ -157,9 +157,8 @@ def _tp_split(model: nn.Module, plan) -> dict[str, str]:
 
 
 def _per_tp_rank(features: int, tp: int) -> list[int]:
-    """A split dimension's sizes on the tp ranks, as DTensor shards it (torch.chunk: the last may hold fewer)."""
-    chunk = -(-features // tp)
-    return [size for size in (min(chunk, features - i * chunk) for i in range(tp)) if size > 0]
+    """A split dimension's sizes on the tp ranks that hold some, as DTensor shards it: torch.chunk's."""
+    return [len(chunk) for chunk in torch.empty(features, device="meta").chunk(tp)]
 
 
 def check_float8(run, dims, device_type: str, model: nn.Module, tp_plan) -> None:

@@ -40,8 +40,10 @@ class ShardScaledFloat8Linear(Float8Linear):
         else:
             return super().forward(input)
         x = input.to_local(grad_placements=(x_grad_at,))
-        if torch.is_autocast_enabled():  # as torchao's forward: the output in autocast's precision
-            x = x.to(torch.get_autocast_gpu_dtype())
+        # As torchao's forward: the output in CUDA autocast's precision (torchao asks through the
+        # deprecated get_autocast_gpu_dtype, which issues a DeprecationWarning; here the device is named).
+        if torch.is_autocast_enabled("cuda"):
+            x = x.to(torch.get_autocast_dtype("cuda"))
         out = matmul_with_hp_or_float8_args.apply(x, w.to_local().t(), self.linear_mm_config, self.config)
         # The global shape given, not inferred: inference assumes every rank holds as many columns as this
         # one. The matmul's output is contiguous, and so the global tensor it stands for.
