@@ -54,14 +54,8 @@ class Device:
 
     @property
     def float8_matmul_ratio(self) -> float | None:
-        """A float8 linear's matmul time over bf16's, as measured on this device or on the one its table
-        borrows from (`float8.borrowed_from`: the same tensor cores); None: neither."""
+        """A float8 linear's matmul time over bf16's, as measured on this device; None: not measured."""
         return self.table.get("float8", {}).get("matmul_ratio")
-
-    @property
-    def float8_ratio_borrowed_from(self) -> str | None:
-        """The table whose measured float8 ratio this one takes (None: its own, or none)."""
-        return self.table.get("float8", {}).get("borrowed_from")
 
     @property
     def memory_bytes(self) -> float:
@@ -135,11 +129,7 @@ class Device:
 
 @lru_cache(maxsize=None)
 def load_device(name: str) -> Device:
-    table = json.loads((DEVICES_DIR / f"{name}.json").read_text())
-    lender = table.get("float8", {}).get("borrowed_from")
-    if lender:  # the lender's float8 figures as it measures them now, this table's own notes over them
-        table["float8"] = {**load_device(lender).table.get("float8", {}), **table["float8"]}
-    return Device(name, table)
+    return Device(name, json.loads((DEVICES_DIR / f"{name}.json").read_text()))
 
 
 def device_in_hand() -> str:

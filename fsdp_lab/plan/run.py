@@ -94,9 +94,8 @@ def float8_pricing(share: float, device) -> str | None:
     """How the plan priced float8 matmuls (None without float8)."""
     if not share:
         return None
-    ratio, lender = device.float8_matmul_ratio, device.float8_ratio_borrowed_from
-    source = f"the {lender} table's measured ratio: the same tensor cores" if lender else "the table's measured ratio"
-    how = f"at {ratio:g}x bf16's time ({source})" if ratio else "as bf16 (the table has no float8 measurement)"
+    ratio = device.float8_matmul_ratio
+    how = f"at {ratio:g}x bf16's time (the table's measured ratio)" if ratio else "as bf16 (the table has no float8 measurement)"
     return f"float8: {share:.0%} of the blocks' matmuls priced {how}"
 
 

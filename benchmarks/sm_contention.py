@@ -1,0 +1,71 @@
+"""What an NCCL collective running beside a matmul costs the matmul, and what leaving SMs to the
+collective (cuBLAS's SM carveout, torch._C._set_sm_carveout_experimental) does about it:
+
+    torchrun --nproc-per-node 2 benchmarks/sm_contention.py [--carveouts 0,8,16,32] [--mib 512]
+
+For each carveout, a burst of bf16 matmuls of a Llama-3-8B block's shapes (4096 tokens) is timed
+alone and with all-gathers of --mib MiB running on another stream the whole time (FSDP2 gathers the
+next unit's parameters on its own stream while the current unit computes). The matmuls' kernels are
+persistent, one CTA per SM: where NCCL holds SMs, some of their CTAs wait for a second wave.
+NCCL's own CTA count is set by its environment (NCCL_MAX_CTAS), before the process starts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+
+SHAPES = [(4096, 4096, 4096), (4096, 14336, 4096), (4096, 4096, 14336)]  # (tokens, out, in)
+CALLS = 20
+
+
+def burst_ms(operands, stream) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        start.record()
+        for _ in range(CALLS):
+            for a, b in operands:
+                a @ b
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--carveouts", default="0,8,16,32")
+    p.add_argument("--mib", type=int, default=512)
+    a = p.parse_args()
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    operands = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(k, n, device="cuda", dtype=torch.bfloat16))
+                for m, n, k in SHAPES]
+    flops = CALLS * sum(2 * m * n * k for m, n, k in SHAPES)
+    full = torch.empty(a.mib * 2**19, device="cuda", dtype=torch.bfloat16)
+    shard = torch.empty(full.numel() // world, device="cuda", dtype=torch.bfloat16)
+    compute, comm = torch.cuda.Stream(), torch.cuda.Stream()
+    for carveout in map(int, a.carveouts.split(",")):
+        torch._C._set_sm_carveout_experimental(carveout or None)
+        burst_ms(operands, compute)  # warm-up (and cuBLAS's choice of kernel for this carveout)
+        alone = sorted(burst_ms(operands, compute) for _ in range(5))[2]
+        beside = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            with torch.cuda.stream(comm):  # gathers queued to outlast the burst
+                for _ in range(40):
+                    dist.all_gather_into_tensor(full, shard)
+            beside.append(burst_ms(operands, compute))
+            torch.cuda.synchronize()
+        beside = sorted(beside)[2]
+        if rank == 0:
+            print(f"carveout {carveout:3d} SMs: alone {alone:8.2f} ms ({flops / alone / 1e9:5.0f} TFLOPS), beside all-gathers "
+                  f"{beside:8.2f} ms ({flops / beside / 1e9:5.0f} TFLOPS), {beside / alone:.2f}x "
+                  f"(NCCL_MAX_CTAS={os.environ.get('NCCL_MAX_CTAS', 'default')})", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
