@@ -5,8 +5,9 @@ collective (cuBLAS's SM carveout, torch._C._set_sm_carveout_experimental) does a
 
 For each carveout, a burst of bf16 matmuls of a Llama-3-8B block's shapes (4096 tokens) is timed
 alone and with all-gathers of --mib MiB running on another stream the whole time (FSDP2 gathers the
-next unit's parameters on its own stream while the current unit computes). The matmuls' kernels are
-persistent, one CTA per SM: where NCCL holds SMs, some of their CTAs wait for a second wave.
+next unit's parameters on its own stream while the current unit computes). The step's matmul kernels are
+persistent (in the 8B profiles a grid of 132 CTAs, one per SM of the H200): where NCCL's kernels hold
+SMs, some of their CTAs wait for a second wave.
 NCCL's own CTA count is set by its environment (NCCL_MAX_CTAS), before the process starts."""
 
 from __future__ import annotations
