@@ -15,7 +15,9 @@ profile/trace_rank<R>.json, or speed.py --profile's DIR/<peer>/ traces), per pro
    the in-step price to hold beside an isolated one's (the device table's).
 3. matmuls beside collectives: the mean duration of the matmul kernels that overlap a collective
    against those that overlap none. NCCL's kernels take SMs and memory bandwidth from the matmuls
-   beside them; the ratio is what that contention costs a matmul.
+   beside them; the ratio is what that contention costs a matmul (shapes mixed: the kernels beside a
+   collective need not be the same shapes as those alone; benchmarks/sm_contention.py times one set of
+   shapes both ways), and the share of the matmuls' time a collective runs beside.
 4. with several ranks' traces, which rank reaches the collectives last: a collective ends on every
    rank together, once the last one has arrived, and each rank's kernel starts when that rank gets
    there, so the difference of the start times of the same collective is how long the rank that
@@ -37,7 +39,7 @@ import re
 import statistics
 from pathlib import Path
 
-from trace_events import DEVICE_CATEGORIES, busy_intervals, complete_events, interval, is_step, length, subtract
+from trace_events import DEVICE_CATEGORIES, busy_intervals, complete_events, inside, interval, is_step, length, subtract
 
 COPY_CATEGORIES = {"gpu_memcpy", "gpu_memset"}
 # Kernel classes by name, first match wins. Attention comes before matmul because attention kernels'
@@ -133,6 +135,14 @@ def matmuls_beside_collectives(groups: dict[str, list[dict]]) -> tuple[float, in
     return mean(beside), len(beside), mean(alone), len(alone)
 
 
+def matmul_share_beside_collectives(groups: dict[str, list[dict]]) -> float:
+    """Of the matmuls' busy time (their union), the share a collective runs beside (nan: no matmuls):
+    how much of the matmul work the contention of part 3 can reach."""
+    matmuls = busy_intervals(groups["matmul"])
+    total = length(matmuls)
+    return length(inside(matmuls, busy_intervals(groups["collective"]))) / total if total else math.nan
+
+
 def collectives_on_the_clock(trace: dict, collectives: list[dict]) -> dict[str, list[tuple[float, float]]]:
     """{kernel name: sorted (end, start) in µs of the host's clock} of the collective kernels: each
     trace's `ts` counts from its own baseTimeNanoseconds, so traces of different processes compare
@@ -190,7 +200,7 @@ def report(name: str, groups: dict[str, list[dict]], steps: int) -> None:
     mean_beside, n_beside, mean_alone, n_alone = matmuls_beside_collectives(groups)
     ratio = f", {mean_beside / mean_alone:.2f}x" if n_beside and n_alone else ""
     print(f"  matmuls beside a collective: mean {mean_beside:.1f} µs (n={n_beside}) vs alone "
-          f"{mean_alone:.1f} µs (n={n_alone}){ratio}")
+          f"{mean_alone:.1f} µs (n={n_alone}){ratio}; {matmul_share_beside_collectives(groups):.1%} of the matmuls' time beside one")
 
 
 def main() -> None:

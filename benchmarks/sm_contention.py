@@ -8,7 +8,10 @@ alone and with all-gathers of --mib MiB running on another stream the whole time
 next unit's parameters on its own stream while the current unit computes). The step's matmul kernels are
 persistent (in the 8B profiles a grid of 132 CTAs, one per SM of the H200): where NCCL's kernels hold
 SMs, some of their CTAs wait for a second wave.
-NCCL's own CTA count is set by its environment (NCCL_MAX_CTAS), before the process starts."""
+NCCL's own CTA count is set by its environment (NCCL_MAX_CTAS), before the process starts.
+Bursts are timed here rather than by fsdp_lab.calibrate.kernels.timed, which puts a sleep kernel ahead
+of each burst on the one stream: here the all-gathers are queued ahead of each burst, and the figures
+in benchmarks/results/sm_contention_2xh200.txt were taken so."""
 
 from __future__ import annotations
 

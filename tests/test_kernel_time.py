@@ -64,6 +64,10 @@ def test_matmuls_beside_a_collective_against_alone(kernel_time):
     assert kernel_time.matmuls_beside_collectives(groups) == (200, 1, 100, 3)
     beside, n_beside, alone, n_alone = kernel_time.matmuls_beside_collectives(kernel_time.by_class([DEVICE[4]]))
     assert math.isnan(beside) and (n_beside, alone, n_alone) == (0, 100, 1)
+    # Of the matmuls' 500 µs (100-300, 500-600, 920-980, 1100-1240) the collectives (250-420) run beside 250-300.
+    assert kernel_time.matmul_share_beside_collectives(groups) == pytest.approx(0.1)
+    assert kernel_time.matmul_share_beside_collectives(kernel_time.by_class([DEVICE[4]])) == 0.0
+    assert math.isnan(kernel_time.matmul_share_beside_collectives(kernel_time.by_class([DEVICE[1]])))
 
 
 def test_a_trace_without_step_spans_is_divided_by_the_steps_given(kernel_time):
@@ -84,7 +88,7 @@ def test_the_cli_prints_a_block_per_trace_and_refuses_one_without_device_kernels
     out = capsys.readouterr().out
     assert f"{rank0}: 2 profiled steps" in out
     assert "collective alone (not hidden by compute): 0.050 ms/step (12.5% of busy)" in out
-    assert "mean 200.0 µs (n=1) vs alone 100.0 µs (n=3), 2.00x" in out
+    assert "mean 200.0 µs (n=1) vs alone 100.0 µs (n=3), 2.00x; 10.0% of the matmuls' time beside one" in out
 
 
 def rank_trace(base_us: int, collectives: list[tuple[str, float, float]]) -> dict:
