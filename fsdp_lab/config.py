@@ -117,6 +117,11 @@ class FSDPConfig:
     """fsdp2: after every optimizer.step record an event on the current stream and hand it to the root
     (set_post_optim_event): its next all-gathers wait on that event, not on the whole stream. CPU has
     no events (its ops run in order), so there the run trains as without."""
+    symm_mem: bool = False
+    """fsdp2, CUDA: all-gathers through NCCL symmetric memory (set_symm_mem_for_comm), the ranks'
+    NCCL communicators under the zero-CTA policy (NCCL_CTA_POLICY=2, unless set): on one node NCCL
+    then all-gathers with the GPUs' copy engines, taking no SMs from the matmuls running beside them.
+    CPU (gloo) has no symmetric memory, so there the run trains as without."""
     cast_after_sharding: Optional[str] = choice(None, *DTYPES)
     """fsdp2: cast the sharded model with module.to(dtype) after fully_shard (the parity reference and
     the floating inputs alike); null = keep the parameters' dtype."""

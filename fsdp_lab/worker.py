@@ -79,6 +79,10 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
     """Entry point of a spawned or externally launched rank."""
     logging.basicConfig(level=logging.INFO if os.environ.get("RANK") == "0" else logging.WARNING, format="%(message)s")
     signal.signal(signal.SIGTERM, _raise_terminated)
+    if run.fsdp.symm_mem:
+        # Read by NCCL when the communicator is made (with the process group, as it is given a device):
+        # zero CTAs, so that all-gathers from symmetric memory go to the copy engines.
+        os.environ.setdefault("NCCL_CTA_POLICY", "2")
     ctx = init_distributed(resolve_device_type(run.device), run.launch.timeout_s)
     summary = base_summary(run, dims, ctx.device.type)
     run_path = Path(run_dir)

@@ -16,6 +16,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.nn.parallel import DistributedDataParallel
 
+from fsdp_lab.config import ConfigError
 from fsdp_lab.data import microbatches
 from fsdp_lab.dist import DistContext
 from fsdp_lab.models import build_model, count_params
@@ -289,6 +290,27 @@ def loss_and_grad_norm(run, model: nn.Module) -> tuple[float, float]:
     loss.backward()
     grads = [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters() if p.grad is not None]
     return float(loss), float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
+
+
+def test_symm_mem_on_cpu_says_it_has_no_nccl_and_trains_as_without(on_one_rank, caplog):
+    """gloo has no symmetric memory (torch's pool raises for a CPU device): the all-gathers stay
+    FSDP's own, with a line saying so, and no number changes."""
+    without = loss_and_grad_norm(*on_one_rank())
+    with caplog.at_level("INFO", logger="fsdp_lab.parallel.fsdp2"):
+        assert loss_and_grad_norm(*on_one_rank("fsdp.symm_mem=true")) == without
+    assert "fsdp.symm_mem=true has no NCCL on cpu" in caplog.text
+
+
+def test_symm_mem_is_refused_where_torch_has_neither_its_method_nor_the_hook(prepared, monkeypatch):
+    """torch 2.11 (the GPUs') has the custom all-gather hook and symmetric memory pools but not
+    set_symm_mem_for_comm: the lab installs the same all-gather through the hook there."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    monkeypatch.delattr(FSDPModule, "set_symm_mem_for_comm")
+    prepared(*TINY, "fsdp.symm_mem=true")  # the hook remains: accepted
+    monkeypatch.delattr(symm_mem, "get_mem_pool")
+    with pytest.raises(ConfigError, match=r"^fsdp\.symm_mem=true: torch .* lacks FSDPModule\.set_symm_mem_for_comm"):
+        prepared(*TINY, "fsdp.symm_mem=true")
 
 
 def test_blocks_fed_in_param_dtype_train_the_same_without_casting_their_inputs(on_one_rank):

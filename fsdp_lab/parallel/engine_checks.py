@@ -3,9 +3,12 @@ before any rank starts."""
 
 from __future__ import annotations
 
+import torch
+
 from fsdp_lab.config import ConfigError, FSDPConfig, RunConfig, show
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models.spec import ModelSpec
+from fsdp_lab.parallel.symm_mem import symm_mem_missing
 
 
 # The engines each fsdp.* knob acts on; any other value than the default with another engine is refused.
@@ -19,6 +22,7 @@ ENGINE_KNOBS = {
     "root_backward_prefetch": ("fsdp2",),
     "cast_forward_inputs": ("fsdp2",),
     "post_optim_event": ("fsdp2",),
+    "symm_mem": ("fsdp2",),
     "cast_after_sharding": ("fsdp2",),
     "sharding_strategy": ("fsdp1",),
     "use_orig_params": ("fsdp1",),
@@ -37,6 +41,8 @@ def check_fsdp(run: RunConfig, dims: ParallelDims, device_type: str, spec: Model
                 f"fsdp.reshard_after_forward={raf!r}: allowed are true, false, or an int >= 2 dividing "
                 f"mesh.dp_shard={dims.dp_shard}"
             )
+    if f.symm_mem and (missing := symm_mem_missing()):
+        raise ConfigError(f"fsdp.symm_mem=true: torch {torch.__version__} lacks {missing}; allowed here: false")
     if device_type == "cpu":
         for key in ("param_dtype", "reduce_dtype"):
             if getattr(f, key) == "float16":

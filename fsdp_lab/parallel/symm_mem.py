@@ -1,0 +1,45 @@
+"""fsdp.symm_mem: FSDP2's all-gathers through NCCL symmetric memory. On one node, under NCCL's zero-CTA
+policy, an all-gather into a symmetric buffer runs on the GPUs' copy engines, so it takes no SMs from
+the matmuls beside it (benchmarks/sm_contention.py measures what a kernel all-gather takes)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed._symmetric_memory as symm_mem
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import AllGather
+
+
+def symm_mem_missing() -> str | None:
+    """What this torch lacks for fsdp.symm_mem, or None."""
+    if hasattr(FSDPModule, "set_symm_mem_for_comm"):
+        return None
+    if not hasattr(FSDPModule, "set_custom_all_gather") or not hasattr(symm_mem, "get_mem_pool"):
+        return "FSDPModule.set_symm_mem_for_comm, set_custom_all_gather and symmetric memory pools"
+    return None
+
+
+def all_gather_from_symm_mem(unit: nn.Module) -> None:
+    if hasattr(unit, "set_symm_mem_for_comm"):
+        unit.set_symm_mem_for_comm()
+    else:
+        unit.set_custom_all_gather(SymmMemAllGather())
+
+
+class SymmMemAllGather(AllGather):
+    """What torch 2.13's set_symm_mem_for_comm installs, for torch 2.11 (the GPUs'), which has the
+    custom all-gather hook and symmetric memory pools but not the method."""
+
+    def __init__(self) -> None:
+        symm_mem.set_backend("NCCL")
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        # From the symmetric pool, so buffers are reused rather than allocated and registered each step.
+        with torch.cuda.use_mem_pool(symm_mem.get_mem_pool(device)):
+            return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False):
+        symm_mem.rendezvous(output_tensor, group=group.group_name)  # in place: only the output is exchanged
+        return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
