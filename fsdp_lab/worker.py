@@ -33,6 +33,7 @@ from fsdp_lab.optim import Optimization
 from fsdp_lab.parallel import parallelize
 from fsdp_lab.parallel.float8 import precompute_scales_after_step
 from fsdp_lab.parallel.fsdp2 import cast_after_sharding, record_post_optim_event
+from fsdp_lab.parallel.symm_mem import use_zero_cta_policy
 from fsdp_lab.parallel.pipeline import build_pipeline
 from fsdp_lab.probes.base import Probe, ProbeSetup
 from fsdp_lab.probes.registry import build_probes
@@ -80,9 +81,7 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
     logging.basicConfig(level=logging.INFO if os.environ.get("RANK") == "0" else logging.WARNING, format="%(message)s")
     signal.signal(signal.SIGTERM, _raise_terminated)
     if run.fsdp.symm_mem:
-        # Read by NCCL when the communicator is made (with the process group, as it is given a device):
-        # zero CTAs, so that all-gathers from symmetric memory go to the copy engines.
-        os.environ.setdefault("NCCL_CTA_POLICY", "2")
+        use_zero_cta_policy()
     ctx = init_distributed(resolve_device_type(run.device), run.launch.timeout_s)
     summary = base_summary(run, dims, ctx.device.type)
     run_path = Path(run_dir)

@@ -58,8 +58,7 @@ def _all_gather_from_symm_mem(units: list[nn.Module], device_type: str) -> None:
     if device_type != "cuda":
         log.info("fsdp2: fsdp.symm_mem=true has no NCCL on %s; all-gathers run as without", device_type)
         return
-    for unit in units:
-        all_gather_from_symm_mem(unit)
+    all_gather_from_symm_mem(units)
     log.info("fsdp2: all-gathers from NCCL symmetric memory, NCCL_CTA_POLICY=%s", os.environ.get("NCCL_CTA_POLICY"))
 
 

@@ -4,6 +4,8 @@ the matmuls beside it (benchmarks/sm_contention.py measures what a kernel all-ga
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
@@ -14,18 +16,25 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import AllGather
 
 def symm_mem_missing() -> str | None:
     """What this torch lacks for fsdp.symm_mem, or None."""
+    has_method = hasattr(FSDPModule, "set_symm_mem_for_comm")
+    has_hook = hasattr(FSDPModule, "set_custom_all_gather") and hasattr(symm_mem, "get_mem_pool")
+    return None if has_method or has_hook else "FSDPModule.set_symm_mem_for_comm, set_custom_all_gather and symmetric memory pools"
+
+
+def use_zero_cta_policy() -> None:
+    """Before the process group: NCCL reads the policy when it makes the communicator (at once, as the
+    group is given a device). Zero CTAs, so that all-gathers into symmetric memory go to the copy engines."""
+    os.environ.setdefault("NCCL_CTA_POLICY", "2")
+
+
+def all_gather_from_symm_mem(units: list[nn.Module]) -> None:
     if hasattr(FSDPModule, "set_symm_mem_for_comm"):
-        return None
-    if not hasattr(FSDPModule, "set_custom_all_gather") or not hasattr(symm_mem, "get_mem_pool"):
-        return "FSDPModule.set_symm_mem_for_comm, set_custom_all_gather and symmetric memory pools"
-    return None
-
-
-def all_gather_from_symm_mem(unit: nn.Module) -> None:
-    if hasattr(unit, "set_symm_mem_for_comm"):
-        unit.set_symm_mem_for_comm()
-    else:
-        unit.set_custom_all_gather(SymmMemAllGather())
+        for unit in units:
+            unit.set_symm_mem_for_comm()
+        return
+    comm = SymmMemAllGather()
+    for unit in units:
+        unit.set_custom_all_gather(comm)
 
 
 class SymmMemAllGather(AllGather):
