@@ -119,8 +119,9 @@ class FSDPConfig:
     no events (its ops run in order), so there the run trains as without."""
     symm_mem: bool = False
     """fsdp2, CUDA: all-gathers through NCCL symmetric memory (set_symm_mem_for_comm), the ranks'
-    NCCL communicators under the zero-CTA policy (NCCL_CTA_POLICY=2, unless set): on one node NCCL
-    then all-gathers with the GPUs' copy engines, taking no SMs from the matmuls running beside them.
+    NCCL communicators under the zero-CTA policy (NCCL_CTA_POLICY=2, unless set), under which NCCL
+    (2.28 on) may all-gather on one node with the GPUs' copy engines, taking no SMs from the matmuls
+    running beside them. 1.025x at the 8B shape on 2xH200 (docs/benchmarks.md).
     CPU (gloo) has no symmetric memory, so there the run trains as without."""
     cast_after_sharding: Optional[str] = choice(None, *DTYPES)
     """fsdp2: cast the sharded model with module.to(dtype) after fully_shard (the parity reference and

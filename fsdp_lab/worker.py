@@ -33,8 +33,8 @@ from fsdp_lab.optim import Optimization
 from fsdp_lab.parallel import parallelize
 from fsdp_lab.parallel.float8 import precompute_scales_after_step
 from fsdp_lab.parallel.fsdp2 import cast_after_sharding, record_post_optim_event
-from fsdp_lab.parallel.symm_mem import use_zero_cta_policy
 from fsdp_lab.parallel.pipeline import build_pipeline
+from fsdp_lab.parallel.symm_mem import use_zero_cta_policy
 from fsdp_lab.probes.base import Probe, ProbeSetup
 from fsdp_lab.probes.registry import build_probes
 from fsdp_lab.sinks.files import MetricsFile, keep_metrics_through, read_metrics, write_summary

@@ -1,6 +1,7 @@
 """fsdp.symm_mem: FSDP2's all-gathers through NCCL symmetric memory. On one node, under NCCL's zero-CTA
-policy, an all-gather into a symmetric buffer runs on the GPUs' copy engines, so it takes no SMs from
-the matmuls beside it (benchmarks/sm_contention.py measures what a kernel all-gather takes)."""
+policy, NCCL (2.28 on) can all-gather into a symmetric buffer with the GPUs' copy engines, taking no SMs
+from the matmuls beside it (benchmarks/sm_contention.py measures what a kernel all-gather takes them;
+with --symm-mem, what these take)."""
 
 from __future__ import annotations
 
