@@ -134,7 +134,7 @@ def main(names: list[str]) -> int:
             print("  the unmutated modules fail: " + ", ".join(failed))
             return 1
     unnoticed = []
-    print(f"| taken out | fast tests failing | seconds | first failing tests |\n|---|---|---|---|")
+    print("| taken out | fast tests failing | seconds | first failing tests |\n|---|---|---|---|")
     for name in names:
         code, failed, seconds = run_fast_tier(MUTATIONS[name][1], name)
         shown = ", ".join(failed[:3]) + (f", ... (+{len(failed) - 3})" if len(failed) > 3 else "")
