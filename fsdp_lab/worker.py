@@ -80,9 +80,10 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
     """Entry point of a spawned or externally launched rank."""
     logging.basicConfig(level=logging.INFO if os.environ.get("RANK") == "0" else logging.WARNING, format="%(message)s")
     signal.signal(signal.SIGTERM, _raise_terminated)
-    if run.fsdp.symm_mem:
+    device_type = resolve_device_type(run.device)
+    if run.fsdp.symm_mem and device_type == "cuda":
         use_zero_cta_policy()
-    ctx = init_distributed(resolve_device_type(run.device), run.launch.timeout_s)
+    ctx = init_distributed(device_type, run.launch.timeout_s)
     summary = base_summary(run, dims, ctx.device.type)
     run_path = Path(run_dir)
     sinks: _RankZeroSinks | None = None

@@ -295,7 +295,7 @@ def test_symm_mem_on_cpu_says_it_has_no_nccl_and_trains_as_without(on_one_rank, 
     """gloo has no symmetric memory (torch's pool raises for a CPU device): the all-gathers stay
     FSDP's own, with a line saying so, and no number changes."""
     without = loss_and_grad_norm(*on_one_rank())
-    with caplog.at_level("INFO", logger="fsdp_lab.parallel.fsdp2"):
+    with caplog.at_level("INFO", logger="fsdp_lab.parallel.symm_mem"):
         assert loss_and_grad_norm(*on_one_rank("fsdp.symm_mem=true")) == without
     assert "fsdp.symm_mem=true has no NCCL on cpu" in caplog.text
 

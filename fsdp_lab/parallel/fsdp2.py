@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 
 import torch
 from torch import nn
@@ -44,22 +43,12 @@ def apply_fsdp2(model: nn.Module, mesh, groups: list[list[nn.Module]], cfg: FSDP
     # A group's modules share one FSDP state: prefetching its first prefetches the group.
     _set_explicit_prefetch([group[0] for group in groups], cfg.forward_prefetch, cfg.backward_prefetch)
     if cfg.symm_mem:
-        _all_gather_from_symm_mem([group[0] for group in groups] + [model], mesh.device_type)
+        all_gather_from_symm_mem([group[0] for group in groups] + [model], mesh.device_type)
     if not cfg.root_backward_prefetch:
         # An empty list keeps FSDP2's implicit prefetch; the root itself, gathered already, replaces it.
         model.set_modules_to_backward_prefetch([model])
     log.info("fsdp2: %d units + root on mesh %s, reshard_after_forward=%s", len(groups), mesh, cfg.reshard_after_forward)
     return model
-
-
-def _all_gather_from_symm_mem(units: list[nn.Module], device_type: str) -> None:
-    # Only where the collectives are NCCL's: gloo has no symmetric memory, and the plan and the
-    # estimate trace a GPU run on CPU.
-    if device_type != "cuda":
-        log.info("fsdp2: fsdp.symm_mem=true has no NCCL on %s; all-gathers run as without", device_type)
-        return
-    all_gather_from_symm_mem(units)
-    log.info("fsdp2: all-gathers from NCCL symmetric memory, NCCL_CTA_POLICY=%s", os.environ.get("NCCL_CTA_POLICY"))
 
 
 def _set_explicit_prefetch(units: list[nn.Module], forward: int, backward: int) -> None:

@@ -5,6 +5,7 @@ with --symm-mem, what these take)."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -13,6 +14,8 @@ import torch.distributed._symmetric_memory as symm_mem
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import AllGather
+
+log = logging.getLogger(__name__)
 
 
 def symm_mem_missing() -> str | None:
@@ -28,14 +31,20 @@ def use_zero_cta_policy() -> None:
     os.environ.setdefault("NCCL_CTA_POLICY", "2")
 
 
-def all_gather_from_symm_mem(units: list[nn.Module]) -> None:
+def all_gather_from_symm_mem(units: list[nn.Module], device_type: str) -> None:
+    """The FSDP units' all-gathers from symmetric memory, where the collectives are NCCL's: gloo has
+    none, and the plan and the estimate trace a GPU run on CPU."""
+    if device_type != "cuda":
+        log.info("fsdp2: fsdp.symm_mem=true has no NCCL on %s; all-gathers run as without", device_type)
+        return
     if hasattr(FSDPModule, "set_symm_mem_for_comm"):
         for unit in units:
             unit.set_symm_mem_for_comm()
-        return
-    comm = SymmMemAllGather()
-    for unit in units:
-        unit.set_custom_all_gather(comm)
+    else:
+        comm = SymmMemAllGather()
+        for unit in units:
+            unit.set_custom_all_gather(comm)
+    log.info("fsdp2: all-gathers from NCCL symmetric memory, NCCL_CTA_POLICY=%s", os.environ.get("NCCL_CTA_POLICY"))
 
 
 class SymmMemAllGather(AllGather):
