@@ -1,7 +1,8 @@
-"""fsdp.symm_mem: FSDP2's all-gathers through NCCL symmetric memory. On one node, under NCCL's zero-CTA
-policy, NCCL (2.28 on) can all-gather into a symmetric buffer with the GPUs' copy engines, taking no SMs
-from the matmuls beside it (benchmarks/sm_contention.py measures what a kernel all-gather takes them;
-with --symm-mem, what these take)."""
+"""fsdp.symm_mem: FSDP2's all-gathers through NCCL symmetric memory, the ranks' communicators under NCCL's
+zero-CTA policy, under which NCCL (2.28 on) may all-gather into a symmetric buffer on one node with the GPUs'
+copy engines. Measured on 2xH200 (NCCL 2.28.9) it did not spare the matmuls beside it their SMs
+(benchmarks/sm_contention.py --symm-mem: 1.14x slower beside these gathers, 1.13x beside kernel ones), though
+the 8B step gains 1.016-1.025x (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def symm_mem_missing() -> str | None:
 
 def use_zero_cta_policy() -> None:
     """Before the process group: NCCL reads the policy when it makes the communicator (at once, as the
-    group is given a device). Zero CTAs, so that all-gathers into symmetric memory go to the copy engines."""
+    group is given a device). Zero CTAs, so that NCCL may give all-gathers into symmetric memory to the copy engines."""
     os.environ.setdefault("NCCL_CTA_POLICY", "2")
 
 
