@@ -1,6 +1,6 @@
 """fsdp.symm_mem: FSDP2's all-gathers through NCCL symmetric memory, the ranks' communicators under NCCL's
 zero-CTA policy, under which NCCL (2.28 on) may all-gather into a symmetric buffer on one node with the GPUs'
-copy engines. Measured on 2xH200 (NCCL 2.28.9) it did not spare the matmuls beside it their SMs
+copy engines. Measured on 2xH200 (torch 2.11 and its NCCL) it did not spare the matmuls beside it their SMs
 (benchmarks/sm_contention.py --symm-mem: 1.14x slower beside these gathers, 1.13x beside kernel ones), though
 the 8B step gains 1.016-1.025x (docs/benchmarks.md)."""
 
