@@ -2,7 +2,7 @@
 shape and precision, in one invocation per mode:
 
     python benchmarks/speed.py [--compile] [--ac none|full] [--shape 1b|8b] [--float8 none|tensorwise|rowwise] [--runs 3] [--peers lab,torchtitan,hand-written]
-                               [--variant NAME=OVERRIDES ...] [--peer-path DIR] [--json PATH] [--profile DIR]
+                               [--variant NAME=OVERRIDES ...] [--peer-path DIR] [--json PATH] [--profile DIR [--profile-runs first|all]]
                                [extra lab overrides]
 
 Each run is a fresh process; the runs of the peers alternate, each round in the reverse order of the
@@ -23,7 +23,9 @@ a step, before it reads a loss. torchtitan
 --ac full: every block checkpointed in the lab (ac=full) and in torchtitan (its --ac full; the
 hand-written loop has no checkpointing, so it is refused there), for shapes that fit only so.
 --profile DIR: each peer's first run profiles its last 2 warm-up steps (the lab through probes.profile)
-into DIR/<peer>/: ops.md, the ops ranked by GPU time per step, and every rank's trace.
+into DIR/<peer>/: ops.md, the ops ranked by GPU time per step, and every rank's trace. With
+--profile-runs all, every run does, into DIR/<peer>/run<k>/: a slow run's profile beside a fast one's
+of the same invocation (the profiled steps are warm-up steps, before the timed ones).
 --variant NAME=OVERRIDES (repeatable): the lab once more with these space-separated overrides, as
 the peer `lab:NAME`, alternated with the others: a change's A/B in one invocation, beside the peers.
 A variant with `layout=auto` runs without the mode's hand-set layout; one with `train.global_batch_size=N`
@@ -76,6 +78,14 @@ FLOAT8 = {"tensorwise": ["float8.recipe=tensorwise"], "rowwise": ["float8.recipe
 FLOAT8_LAYOUT = {("8b", True): []}
 PEERS = ("lab", "torchtitan", "hand-written")
 SCRIPT = {"torchtitan": "benchmarks/torchtitan_yardstick.py", "hand-written": "benchmarks/fsdp2_yardstick.py"}
+
+
+def profile_dir_of(root: Path | None, name: str, run: int, every: bool) -> Path | None:
+    """Where a peer's run puts its profile, if it takes one."""
+    if root is None or (run and not every):
+        return None
+    peer_dir = root / name.replace(":", "-")
+    return peer_dir / f"run{run}" if every else peer_dir
 
 
 def lab(overrides: list[str], warmup: int, profile_dir: Path | None = None, experiment: str = "bench_llama1b") -> dict:
@@ -171,6 +181,8 @@ def main() -> None:
     p.add_argument("--peer-path", help="directory holding torchtitan and its dependencies")
     p.add_argument("--json", type=Path, help="also write every run's figures here, after each run")
     p.add_argument("--profile", type=Path, help="profile each peer's first run into DIR/<peer>/")
+    p.add_argument("--profile-runs", choices=("first", "all"), default="first",
+                   help="with --profile: each peer's first run, or every run into DIR/<peer>/run<k>/")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDES",
                    help="also run the lab with these space-separated overrides, as the peer lab:NAME")
     p.add_argument("--versus", default="lab", metavar="COLUMN",
@@ -185,6 +197,8 @@ def main() -> None:
     peers = [name for name in PEERS if name in a.peers.split(",")] + list(variants)
     if a.versus not in ("lab", *variants):
         p.error(f"--versus={a.versus}: expected lab or one of the variants ({', '.join(variants) or 'none given'})")
+    if a.profile_runs == "all" and not a.profile:
+        p.error("--profile-runs=all: profiles go under --profile DIR; give it one")
     for flag, value in (("ac", a.ac), ("float8", a.float8)):
         if value != "none" and "hand-written" in peers:
             p.error(f"--{flag}={value}: the hand-written loop has no such option; leave it out of --peers")
@@ -213,7 +227,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name in peers}
     for run in range(a.runs):
         for name in peers if run % 2 == 0 else peers[::-1]:
-            profile_dir = a.profile / name.replace(":", "-") if a.profile and run == 0 else None
+            profile_dir = profile_dir_of(a.profile, name, run, every=a.profile_runs == "all")
             started = time.monotonic()
             if name == "lab" or name in variants:
                 figures = lab(own_layout(lab_overrides, layout, variants.get(name, [])), shape["warmup"], profile_dir, experiment)

@@ -3,7 +3,7 @@ yardsticks' loop; the lab variants: `--variant NAME=OVERRIDES` runs the
 lab once more with those overrides as the peer `lab:NAME`, alternated with the others (each round in
 the reverse order of the one before), and the table
 sets it against the lab; overrides that the lab refuses end the benchmark naming them, keeping
-in --json the runs made before."""
+in --json the runs made before; `--profile DIR --profile-runs all` profiles every run apart."""
 
 from __future__ import annotations
 
@@ -36,8 +36,14 @@ def cut_short(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path, cut_short):
-    result = speed("--variant", "prefetch=fsdp.forward_prefetch=1", "--json", str(tmp_path / "runs.json"), "--runs", "2")
+    result = speed("--variant", "prefetch=fsdp.forward_prefetch=1", "--json", str(tmp_path / "runs.json"), "--runs", "2",
+                   "--profile", str(tmp_path / "prof"), "--profile-runs", "all")
     assert result.returncode == 0, result.stderr[-2000:]
+    # --profile-runs all: every run's own profile, each rank's trace and the ops table, beside the other runs'.
+    for peer in ("lab", "lab-prefetch"):
+        for run in ("run0", "run1"):
+            written = {f.name for f in (tmp_path / "prof" / peer / run).iterdir()}
+            assert {"ops.md", "trace_rank0.json", "trace_rank1.json"} <= written, (peer, run, written)
     runs = json.loads((tmp_path / "runs.json").read_text())["runs"]
     assert list(runs) == ["lab", "lab:prefetch"] and all(r["tokens_per_s"] > 0 for rs in runs.values() for r in rs)
     # Each round in the reverse order of the one before: lab first and last, the variant in between.
@@ -134,3 +140,20 @@ def test_versus_names_a_column_that_runs(monkeypatch, capsys):
         load("speed").main()
     assert refused.value.code == 2
     assert "--versus=lab:none: expected lab or one of the variants (none given)" in capsys.readouterr().err
+
+
+def test_profile_runs_puts_every_run_apart_or_only_the_first():
+    profile_dir_of = load("speed").profile_dir_of
+    root = Path("/prof")
+    assert profile_dir_of(root, "lab:f8", 0, every=False) == root / "lab-f8"
+    assert profile_dir_of(root, "lab:f8", 1, every=False) is None
+    assert profile_dir_of(root, "lab:f8", 1, every=True) == root / "lab-f8" / "run1"
+    assert profile_dir_of(None, "lab", 0, every=True) is None
+
+
+def test_profile_runs_all_without_a_profile_dir_is_refused(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["speed.py", "--shape", "tiny", "--peers", "lab", "--profile-runs", "all"])
+    with pytest.raises(SystemExit) as refused:
+        load("speed").main()
+    assert refused.value.code == 2
+    assert "--profile-runs=all: profiles go under --profile DIR" in capsys.readouterr().err
