@@ -133,15 +133,6 @@ def test_the_variants_ratios_go_against_the_column_versus_names_and_mfu_needs_no
     assert medians["torchtitan"]["mfu"] == pytest.approx(0.4) and medians["lab:bf16"]["mfu"] == pytest.approx(0.3)
 
 
-def test_versus_names_a_column_that_runs(monkeypatch, capsys):
-    """Refused before any run starts (in process: nothing is spawned)."""
-    monkeypatch.setattr(sys, "argv", ["speed.py", "--shape", "tiny", "--peers", "lab", "--versus", "lab:none"])
-    with pytest.raises(SystemExit) as refused:
-        load("speed").main()
-    assert refused.value.code == 2
-    assert "--versus=lab:none: expected lab or one of the variants (none given)" in capsys.readouterr().err
-
-
 def test_profile_runs_puts_every_run_apart_or_only_the_first():
     profile_dir_of = load("speed").profile_dir_of
     root = Path("/prof")
@@ -151,9 +142,14 @@ def test_profile_runs_puts_every_run_apart_or_only_the_first():
     assert profile_dir_of(None, "lab", 0, every=True) is None
 
 
-def test_profile_runs_all_without_a_profile_dir_is_refused(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["speed.py", "--shape", "tiny", "--peers", "lab", "--profile-runs", "all"])
+@pytest.mark.parametrize("args, message", [
+    (["--versus", "lab:none"], "--versus=lab:none: expected lab or one of the variants (none given)"),
+    (["--profile-runs", "all"], "--profile-runs=all: profiles go under --profile DIR"),
+])
+def test_refused_before_any_run_starts(monkeypatch, capsys, args, message):
+    """In process: nothing is spawned."""
+    monkeypatch.setattr(sys, "argv", ["speed.py", "--shape", "tiny", "--peers", "lab", *args])
     with pytest.raises(SystemExit) as refused:
         load("speed").main()
     assert refused.value.code == 2
-    assert "--profile-runs=all: profiles go under --profile DIR" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
