@@ -9,9 +9,11 @@ next unit's parameters on its own stream while the current unit computes). The s
 persistent (in the 8B profiles a grid of 132 CTAs, one per SM of the H200): where NCCL's kernels hold
 SMs, some of their CTAs wait for a second wave.
 NCCL's own CTA count is set by its environment (NCCL_MAX_CTAS), before the process starts.
---symm-mem gathers as fsdp.symm_mem=true does (fsdp_lab/parallel/symm_mem.py): into NCCL symmetric
-memory, the communicator under the zero-CTA policy, where on one node NCCL may gather with the copy
-engines and hold no SMs.
+--symm-mem gathers through the all-gather fsdp.symm_mem=true installs on a torch without
+set_symm_mem_for_comm (fsdp_lab/parallel/symm_mem.py's SymmMemAllGather): into NCCL symmetric memory,
+the communicator under the zero-CTA policy, where on one node NCCL may gather with the copy engines and
+hold no SMs. On 2xH200 (torch 2.11) the matmuls beside it slowed as much as beside a kernel all-gather
+(1.14x against 1.13x, benchmarks/results/sm_contention_symm_mem_2xh200.txt).
 Bursts are timed here rather than by fsdp_lab.calibrate.kernels.timed, which puts a sleep kernel ahead
 of each burst on the one stream: here the all-gathers are queued ahead of each burst, and the figures
 in benchmarks/results/sm_contention_2xh200.txt were taken so."""

@@ -120,8 +120,9 @@ class FSDPConfig:
     symm_mem: bool = False
     """fsdp2, CUDA: all-gathers through NCCL symmetric memory (set_symm_mem_for_comm), the ranks'
     NCCL communicators under the zero-CTA policy (NCCL_CTA_POLICY=2, unless set), under which NCCL
-    (2.28 on) may all-gather on one node with the GPUs' copy engines, taking no SMs from the matmuls
-    running beside them. 1.025x at the 8B shape on 2xH200 (docs/benchmarks.md).
+    (2.28 on) may all-gather on one node with the GPUs' copy engines (on 2xH200 it did not spare the
+    matmuls beside them: parallel/symm_mem.py). 1.016-1.025x at the 8B shape on 2 and 4 H200s
+    (docs/benchmarks.md).
     CPU (gloo) has no symmetric memory, so there the run trains as without."""
     cast_after_sharding: Optional[str] = choice(None, *DTYPES)
     """fsdp2: cast the sharded model with module.to(dtype) after fully_shard (the parity reference and
