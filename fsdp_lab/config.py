@@ -124,6 +124,10 @@ class FSDPConfig:
     matmuls beside them: parallel/symm_mem.py). 1.016-1.025x at the 8B shape on 2 and 4 H200s
     (docs/benchmarks.md).
     CPU (gloo) has no symmetric memory, so there the run trains as without."""
+    force_sum_reduction: bool = False
+    """fsdp2: reduce gradients with sums only, dividing by the data-parallel size after the
+    reduce-scatter rather than in it (set_force_sum_reduction_for_comms); with fsdp.symm_mem=true the
+    reduce-scatters then also run through NCCL symmetric memory, whose reduce-scatter takes sums only."""
     cast_after_sharding: Optional[str] = choice(None, *DTYPES)
     """fsdp2: cast the sharded model with module.to(dtype) after fully_shard (the parity reference and
     the floating inputs alike); null = keep the parameters' dtype."""

@@ -4,6 +4,7 @@ before any rank starts."""
 from __future__ import annotations
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from fsdp_lab.config import ConfigError, FSDPConfig, RunConfig, show
 from fsdp_lab.mesh import ParallelDims
@@ -23,6 +24,7 @@ ENGINE_KNOBS = {
     "cast_forward_inputs": ("fsdp2",),
     "post_optim_event": ("fsdp2",),
     "symm_mem": ("fsdp2",),
+    "force_sum_reduction": ("fsdp2",),
     "cast_after_sharding": ("fsdp2",),
     "sharding_strategy": ("fsdp1",),
     "use_orig_params": ("fsdp1",),
@@ -41,8 +43,11 @@ def check_fsdp(run: RunConfig, dims: ParallelDims, device_type: str, spec: Model
                 f"fsdp.reshard_after_forward={raf!r}: allowed are true, false, or an int >= 2 dividing "
                 f"mesh.dp_shard={dims.dp_shard}"
             )
-    if f.symm_mem and (missing := symm_mem_missing()):
+    if f.symm_mem and (missing := symm_mem_missing(reduce_scatter=f.force_sum_reduction)):
         raise ConfigError(f"fsdp.symm_mem=true: torch {torch.__version__} lacks {missing}; allowed here: false")
+    if f.force_sum_reduction and not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
+        raise ConfigError(f"fsdp.force_sum_reduction=true: torch {torch.__version__} lacks "
+                          "FSDPModule.set_force_sum_reduction_for_comms; allowed here: false")
     if device_type == "cpu":
         for key in ("param_dtype", "reduce_dtype"):
             if getattr(f, key) == "float16":

@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from fsdp_lab.config import FSDPConfig
-from fsdp_lab.parallel.symm_mem import all_gather_from_symm_mem
+from fsdp_lab.parallel.symm_mem import collectives_from_symm_mem
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,12 @@ def apply_fsdp2(model: nn.Module, mesh, groups: list[list[nn.Module]], cfg: FSDP
     fully_shard(model, **{**kwargs, "mp_policy": mp_policy})  # the root casts the model's inputs
     # A group's modules share one FSDP state: prefetching its first prefetches the group.
     _set_explicit_prefetch([group[0] for group in groups], cfg.forward_prefetch, cfg.backward_prefetch)
+    units = [group[0] for group in groups] + [model]
+    if cfg.force_sum_reduction:  # before symmetric memory: torch gives it the reduce-scatters of units that sum
+        for unit in units:
+            unit.set_force_sum_reduction_for_comms(True)
     if cfg.symm_mem:
-        all_gather_from_symm_mem([group[0] for group in groups] + [model], mesh.device_type)
+        collectives_from_symm_mem(units, mesh.device_type, reduce_scatter=cfg.force_sum_reduction)
     if not cfg.root_backward_prefetch:
         # An empty list keeps FSDP2's implicit prefetch; the root itself, gathered already, replaces it.
         model.set_modules_to_backward_prefetch([model])
