@@ -22,8 +22,10 @@ pytestmark = pytest.mark.slow
         (["mesh=hsdp", "wrap.policy=classes", "wrap.classes=[Linear]"], {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "tp": 1, "engine": "fsdp2"}),
         # The 3 blocks as units of 2 and 1 (fully_shard over a list): uneven groups.
         (["mesh=fsdp", "wrap.group=2"], {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 1, "engine": "fsdp2"}),
+        # Gradients summed over shards and replicas, then divided: a division left out doubles or quadruples them.
+        (["mesh=hsdp", "fsdp.force_sum_reduction=true"], {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "tp": 1, "engine": "fsdp2"}),
     ],
-    ids=["single", "ddp", "fsdp-size-policy", "hsdp-classes-policy", "fsdp-grouped-units"],
+    ids=["single", "ddp", "fsdp-size-policy", "hsdp-classes-policy", "fsdp-grouped-units", "hsdp-sum-reduction"],
 )
 def test_mesh_preset_matches_ddp(tmp_path, overrides, mesh):
     s = assert_parity_ok(run_lab_warm(*overrides, *PARITY_RUN, run_dir=tmp_path / "run"))

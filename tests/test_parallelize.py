@@ -312,6 +312,27 @@ def test_symm_mem_is_refused_where_torch_has_neither_its_method_nor_the_hook(pre
         prepared(*TINY, "fsdp.symm_mem=true")
 
 
+def test_symm_mem_reduce_scatters_need_the_reduce_scatter_hook_and_sums_need_torchs_switch(prepared, monkeypatch):
+    """fsdp.force_sum_reduction=true beside fsdp.symm_mem=true takes the reduce-scatters into symmetric
+    memory too: on a torch without set_symm_mem_for_comm that needs the custom reduce-scatter hook."""
+    monkeypatch.delattr(FSDPModule, "set_symm_mem_for_comm")
+    monkeypatch.delattr(FSDPModule, "set_custom_reduce_scatter")
+    prepared(*TINY, "fsdp.symm_mem=true")  # all-gathers alone need only the all-gather hook
+    with pytest.raises(ConfigError, match=r"^fsdp\.symm_mem=true: torch .* lacks .*set_custom_reduce_scatter"):
+        prepared(*TINY, "fsdp.symm_mem=true", "fsdp.force_sum_reduction=true")
+    monkeypatch.delattr(FSDPModule, "set_force_sum_reduction_for_comms")
+    with pytest.raises(ConfigError, match=r"^fsdp\.force_sum_reduction=true: torch .* lacks FSDPModule\.set_force_sum_reduction_for_comms"):
+        prepared(*TINY, "fsdp.force_sum_reduction=true")
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_force_sum_reduction_reaches_every_unit_and_the_root(on_one_rank, enabled):
+    """Each FSDP unit reduces on its own: the switch must be set on the blocks' units and the root's."""
+    _, model = on_one_rank(f"fsdp.force_sum_reduction={str(enabled).lower()}")
+    groups = [g for m in model.modules() if isinstance(m, FSDPModule) for g in m._get_fsdp_state()._fsdp_param_groups]
+    assert len(groups) > 1 and [g.force_sum_reduction_for_comms for g in groups] == [enabled] * len(groups)
+
+
 def test_blocks_fed_in_param_dtype_train_the_same_without_casting_their_inputs(on_one_rank):
     """The embedding's unit computes in bfloat16, so every block's input already is: the cast each
     block's unit makes is a no-op, and leaving it out changes no number."""

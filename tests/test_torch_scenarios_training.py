@@ -110,6 +110,7 @@ REFUSALS = [
     (("mesh=ddp", "fsdp.post_optim_event=true"), "fsdp.post_optim_event=true: applies to mesh.engine=fsdp2, not mesh.engine=ddp"),
     (("mesh=ddp", "fsdp.cast_after_sharding=float64"), "fsdp.cast_after_sharding=float64: applies to mesh.engine=fsdp2"),
     (("mesh=ddp", "fsdp.symm_mem=true"), "fsdp.symm_mem=true: applies to mesh.engine=fsdp2, not mesh.engine=ddp"),
+    (("mesh=ddp", "fsdp.force_sum_reduction=true"), "fsdp.force_sum_reduction=true: applies to mesh.engine=fsdp2, not mesh.engine=ddp"),
     (("mesh=nd", "fsdp.cast_after_sharding=float64"), "fsdp.cast_after_sharding=float64 with mesh.pp=2"),
     (("mesh=nd", "model=mlp_stack", "model.n_layers=2", "train.standalone_layer=0"), "train.standalone_layer=0 with mesh.pp=2"),
     (("mode=estimate", "mesh.world_size=2", "fsdp.cast_after_sharding=float64"), "fsdp.cast_after_sharding=float64: mode=estimate cannot predict this"),
