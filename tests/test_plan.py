@@ -22,7 +22,7 @@ from fsdp_lab.plan.cost import COMPILED_ELEMENTWISE, Layout, group_link, price, 
 from fsdp_lab.plan.device import DEVICES_DIR, Device, load_device
 from fsdp_lab.plan.host import kernel_s
 from fsdp_lab.plan.predict import Predictor, layout_of, op_ac_share, predict_overrides
-from fsdp_lab.plan.run import PLAN_FILE, float8_pricing, plan, run_plan
+from fsdp_lab.plan.run import PLAN_FILE, float8_pricing, matmul_pricing, plan, run_plan
 from fsdp_lab.plan.fits import estimable, estimated_peak_mib, needed_mib
 from fsdp_lab.plan.search import layouts, meshes, rank
 from fsdp_lab.plan.trace import Trace, traced_run
@@ -476,6 +476,17 @@ def test_every_shipped_table_carries_a_float8_ratio():
         device = load_device(table.stem)
         assert 0 < device.float8_matmul_ratio < 1, table.stem
         assert f"at {device.float8_matmul_ratio:g}x bf16's time (the table's measured ratio)" in float8_pricing(1.0, device)
+
+
+def test_a_measured_sustained_fraction_slows_every_matmul_by_it_and_the_plan_says_so():
+    """A table's sustained.matmul_fraction (the rate a GPU holds for seconds under its power limit over
+    its burst rate) divides into every matmul's time; a table without it prices the bursts, and says so."""
+    bursts = {k: v for k, v in load_device("h200").table.items() if k != "sustained"}
+    held = Device("h200", {**bursts, "sustained": {"matmul_fraction": 0.8}})
+    shapes = [(4096, 4096, 4096), (16384, 14336, 4096), (512, 2048, 2048)]
+    assert [held.matmul_s(*s, "bfloat16") for s in shapes] == pytest.approx([Device("h200", bursts).matmul_s(*s, "bfloat16") / 0.8 for s in shapes])
+    assert matmul_pricing(held).startswith("matmuls: at 0.8x the table's burst rates")
+    assert "burst rates (the rate held for seconds, under the power limit, not measured here)" in matmul_pricing(Device("h200", bursts))
 
 
 @pytest.mark.slow

@@ -58,6 +58,13 @@ class Device:
         return self.table.get("float8", {}).get("matmul_ratio")
 
     @property
+    def sustained_matmul_fraction(self) -> float:
+        """The rate a matmul holds for seconds with every GPU at it (as in a training step, where the
+        power limit lowers the clock) over its rate in the table's short bursts, as measured on this
+        device (benchmarks/sustained_matmul.py); 1 where not measured."""
+        return self.table.get("sustained", {}).get("matmul_fraction", 1.0)
+
+    @property
     def memory_bytes(self) -> float:
         return self.table["spec"]["memory_gib"] * 2**30
 
@@ -68,7 +75,7 @@ class Device:
     def matmul_s(self, m: int, n: int, k: int, dtype: str) -> float:
         rows = self.table["matmul"].get(dtype) or self.table["matmul"]["bfloat16"]
         tflops = _nearest([((r["m"], r["n"], r["k"]), r["tflops"]) for r in rows], (m, n, k))
-        return 2 * m * n * k / (tflops * 1e12)
+        return 2 * m * n * k / (tflops * 1e12 * self.sustained_matmul_fraction)
 
     def attention_s(self, bh: int, s: int, d: int, backward: bool) -> float:
         rows = self.table["attention"]["bfloat16"]

@@ -73,7 +73,7 @@ def plan(run: RunConfig, predictor: Predictor | None = None) -> tuple[list[Candi
               "params": facts.block_params + facts.other_params, "blocks": facts.layers,
               "fits_rule": rule(run, device.memory_bytes), "memory_margin": run.plan.memory_margin,
               "inter_node_gbps": device.link_gbps, "inter_node_source": device.link_source,
-              "float8": float8_pricing(facts.float8_share, device),
+              "matmuls": matmul_pricing(device), "float8": float8_pricing(facts.float8_share, device),
               "parity": parity_note(run, facts.block_params + facts.other_params, device.memory_bytes)}
     return candidates, header
 
@@ -88,6 +88,15 @@ def parity_note(run: RunConfig, params: int, memory_bytes: float) -> str | None:
         return None
     return (f"parity: the reference holds the whole model on every rank ({need / 2**30:.0f} GiB with its gradients and "
             f"optimizer state), more than one GPU's {memory_bytes / 2**30:.0f} GiB: the command lines add {PARITY_OFF}")
+
+
+def matmul_pricing(device) -> str:
+    """At what rate the plan priced matmuls: the table's bursts, or the share of them a GPU holds for
+    seconds under its power limit, where that was measured."""
+    fraction = device.sustained_matmul_fraction
+    if fraction == 1.0:
+        return "matmuls: at the table's burst rates (the rate held for seconds, under the power limit, not measured here)"
+    return f"matmuls: at {fraction:g}x the table's burst rates (the rate held for seconds, under the power limit, as measured)"
 
 
 def float8_pricing(share: float, device) -> str | None:
@@ -109,7 +118,7 @@ def render(candidates: list[Candidate], header: dict, top: int, measured: dict[i
     lines = [f"Plan: {header['gpus']} x {header['device']} ({header['gpus_per_node']} per node), "
              f"{header['params'] / 1e6:.0f}M params in {header['blocks']} blocks, {header['tokens_per_step']:,} tokens per step",
              f"inter-node link {header['inter_node_gbps']:g} GB/s per GPU ({header['inter_node_source']}); {header['fits_rule']}",
-             *(header[note] for note in ("float8", "parity") if header.get(note)),
+             *(header[note] for note in ("matmuls", "float8", "parity") if header.get(note)),
              f"{'#':>3} {'pp':>2} {'rep':>3} {'shard':>5} {'tp':>2} {'ac':>4} {'mb':>3} {'reshard':>7} {'cmp':>3} {'grp':>3} {'peak GiB':>8} "
              f"{'step ms':>8} {'tok/s/GPU':>9} {'MFU':>5} {'fits':>4}" + ("  measured ms  error  peak GiB  runs" if measured else "")]
     for i, c in enumerate(candidates[:top]):
