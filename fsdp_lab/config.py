@@ -127,7 +127,8 @@ class FSDPConfig:
     force_sum_reduction: bool = False
     """fsdp2: reduce gradients with sums only, dividing by the data-parallel size after the
     reduce-scatter rather than in it (set_force_sum_reduction_for_comms); with fsdp.symm_mem=true the
-    reduce-scatters then also run through NCCL symmetric memory, whose reduce-scatter takes sums only."""
+    reduce-scatters then also run through NCCL symmetric memory, whose reduce-scatter takes sums only
+    (0.995x bf16 at the 8B shape on 4xH200 beside fsdp.symm_mem alone: docs/benchmarks.md)."""
     cast_after_sharding: Optional[str] = choice(None, *DTYPES)
     """fsdp2: cast the sharded model with module.to(dtype) after fully_shard (the parity reference and
     the floating inputs alike); null = keep the parameters' dtype."""

@@ -1,9 +1,10 @@
 """fsdp.symm_mem: FSDP2's all-gathers through NCCL symmetric memory, the ranks' communicators under NCCL's
 zero-CTA policy, under which NCCL (2.28 on) may all-gather into a symmetric buffer on one node with the GPUs'
 copy engines; with fsdp.force_sum_reduction=true the reduce-scatters too (NCCL's symmetric reduce-scatter
-takes sums only, so torch uses it only then). Measured on 2xH200 (torch 2.11 and its NCCL) it did not spare the matmuls beside it their SMs
-(benchmarks/sm_contention.py --symm-mem: 1.14x slower beside these gathers, 1.13x beside kernel ones), though
-the 8B step gains 1.016-1.025x (docs/benchmarks.md)."""
+takes sums only, so torch uses it only then). Measured on 2xH200 (torch 2.11 and its NCCL) it did not spare
+the matmuls beside it their SMs (benchmarks/sm_contention.py --symm-mem: 1.14x slower beside these gathers,
+1.13x beside kernel ones), though the 8B step gains 1.016-1.025x; reduce-scatters from it gained nothing
+at 8B on 4xH200 (0.995x bf16, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
