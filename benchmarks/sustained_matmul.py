@@ -1,15 +1,17 @@
 """The 8B block's bf16 matmuls in bursts (as the device table times them) and then sustained for
 seconds on every GPU at once (as a training step runs them), with the SM clock and power each GPU
-reports: whether a GPU holds its burst rate once its power cap bites.
+reports: whether a GPU holds its burst rate once its power limit bites.
 
     torchrun --nproc-per-node 4 benchmarks/sustained_matmul.py [--seconds 15]
 
 Each rank takes its own GPU; the ranks start the sustained phase together (a barrier), so every GPU
 draws full power at once, as in a step. Every second each rank prints the TFLOP/s of that second's
-matmuls and its GPU's SM clock and power draw as nvidia-smi reports them when the second ends. Rank 0 also prints the power limits (nvidia-smi). The bursts are fsdp_lab.calibrate.kernels'
-timed: 20 calls behind a sleep kernel, a few milliseconds each. The sustained rate over the bursts'
-is what a device table's `sustained.matmul_fraction` records: mode=plan prices matmuls at the table's
-burst rates times it (fsdp_lab/plan/device.py)."""
+matmuls and its GPU's SM clock and power draw as nvidia-smi reports them when the second ends (the
+GPU idles while nvidia-smi answers, tens of milliseconds a second, outside the timed second: if
+anything the sustained rate comes out a little high). Rank 0 also prints the power limits. The bursts
+are fsdp_lab.calibrate.kernels' timed: 20 calls behind a sleep kernel, a few milliseconds each. The
+sustained rate over the bursts' is what a device table's `sustained.matmul_fraction` records:
+mode=plan prices matmuls at the table's burst rates times it (fsdp_lab/plan/device.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def sustained(device: torch.device, seconds: float) -> list[dict]:
             for a, b in operands:
                 a @ b
             rounds += 1
-            if rounds % 8 == 0:  # keep the queue a few rounds deep, so the host never runs far ahead
+            if rounds % 8 == 0:  # the host stays within 8 rounds (~20 ms) of the GPU; the wait leaves no gap to speak of
                 torch.cuda.synchronize(device)
         torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - start
@@ -47,6 +49,7 @@ def sustained(device: torch.device, seconds: float) -> list[dict]:
 
 
 def clock_and_power(index: int) -> dict:
+    """The SM clock (MHz) and power draw (W) nvidia-smi reports for GPU `index` now."""
     out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True).stdout
     mhz, watts = out.split(",")
