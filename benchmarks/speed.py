@@ -3,6 +3,7 @@ shape and precision, in one invocation per mode:
 
     python benchmarks/speed.py [--compile] [--ac none|full] [--shape 1b|8b] [--float8 none|tensorwise|rowwise] [--runs 3] [--peers lab,torchtitan,hand-written]
                                [--variant NAME=OVERRIDES ...] [--peer-path DIR] [--json PATH] [--profile DIR [--profile-runs first|all]]
+                               [--gpu-clocks CSV]
                                [extra lab overrides]
 
 Each run is a fresh process; the runs of the peers alternate, each round in the reverse order of the
@@ -32,12 +33,16 @@ A variant with `layout=auto` runs without the mode's hand-set layout; one with `
 runs without the shape's per-GPU batch, so that layout=auto also picks the samples per data-parallel
 rank (at 8b on 4 GPUs, `train.global_batch_size=4` keeps torchtitan's tokens a step and lets tensor
 parallel take two sequences a rank).
+--gpu-clocks CSV: nvidia-smi samples every GPU's SM clock, power and clock-event reasons each second into
+CSV, and each run prints (and keeps, in --json) its GPUs' means over its steps (benchmarks/gpu_clocks.py).
+Each run records when it started and ended (`started`, `ended`, in --json).
 --versus lab:NAME: the variants' ratios against that variant rather than the lab (with --peers leaving
 the lab out: float8 under layout=auto against bf16, `--variant bf16="float8.recipe=none" --versus lab:bf16`)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -51,7 +56,8 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 from fsdp_lab.cli_process import run_lab  # noqa: E402
-from yardstick_loop import SHAPE  # noqa: E402  (benchmarks/, this script's directory)
+import gpu_clocks  # noqa: E402  (benchmarks/, this script's directory)
+from yardstick_loop import SHAPE  # noqa: E402
 
 SHAPES = {
     "1b": {},  # the experiment's own: dim 2048, 16 layers, 16 heads, ffn 5632, vocab 32000, seq 2048, batch 4
@@ -185,6 +191,7 @@ def main() -> None:
                    help="with --profile: each peer's first run, or every run into DIR/<peer>/run<k>/")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDES",
                    help="also run the lab with these space-separated overrides, as the peer lab:NAME")
+    p.add_argument("--gpu-clocks", type=Path, metavar="CSV", help="sample the GPUs' clocks and power into CSV; each run reports its own")
     p.add_argument("--versus", default="lab", metavar="COLUMN",
                    help="the column each variant's ratios are taken against: lab (the default) or lab:NAME")
     a, extra = p.parse_known_args()
@@ -199,6 +206,8 @@ def main() -> None:
         p.error(f"--versus={a.versus}: expected lab or one of the variants ({', '.join(variants) or 'none given'})")
     if a.profile_runs == "all" and not a.profile:
         p.error("--profile-runs=all: profiles go under --profile DIR; give it one")
+    if a.gpu_clocks and not shutil.which("nvidia-smi"):
+        p.error(f"--gpu-clocks={a.gpu_clocks}: needs nvidia-smi, which this machine lacks")
     for flag, value in (("ac", a.ac), ("float8", a.float8)):
         if value != "none" and "hand-written" in peers:
             p.error(f"--{flag}={value}: the hand-written loop has no such option; leave it out of --peers")
@@ -225,24 +234,29 @@ def main() -> None:
         args.append(f"--float8={a.float8}")
 
     runs: dict[str, list[dict]] = {name: [] for name in peers}
-    for run in range(a.runs):
-        for name in peers if run % 2 == 0 else peers[::-1]:
-            profile_dir = profile_dir_of(a.profile, name, run, every=a.profile_runs == "all")
-            started = time.monotonic()
-            if name == "lab" or name in variants:
-                figures = lab(own_layout(lab_overrides, layout, variants.get(name, [])), shape["warmup"], profile_dir, experiment)
-            else:
-                figures = peer(name, gpus, args + ([f"--profile={profile_dir}"] if profile_dir else []), a.peer_path)
-            # The run's whole process time (start-up, compiling, layout=auto's planning): what an
-            # invocation costs on a metered machine, per peer.
-            wall_s = time.monotonic() - started
-            runs[name].append({**figures, "at": sum(map(len, runs.values())), "wall_s": wall_s})
-            plan_s = figures.get("layout", {}).get("plan_s")  # layout=auto's share of the run's start
-            print(f"{name:13} {figures['tokens_per_s']:10.0f} tokens/s  {figures['peak_mib']:9.0f} MiB  {wall_s:6.0f} s"
-                  + (f" (planning {plan_s:g} s)" if plan_s is not None else ""), flush=True)
-            if a.json:  # after every run: an invocation cut off by a time limit keeps the runs it made
-                a.json.write_text(json.dumps({"gpus": gpus, "compile": a.compile, "shape": a.shape, "float8": a.float8, "extra": extra,
-                                              "runs": runs, "medians": medians_of(runs)}, indent=1))
+    with gpu_clocks.sampling(a.gpu_clocks) if a.gpu_clocks else contextlib.nullcontext():
+        for run in range(a.runs):
+            for name in peers if run % 2 == 0 else peers[::-1]:
+                profile_dir = profile_dir_of(a.profile, name, run, every=a.profile_runs == "all")
+                started, started_at = time.monotonic(), time.time()
+                if name == "lab" or name in variants:
+                    figures = lab(own_layout(lab_overrides, layout, variants.get(name, [])), shape["warmup"], profile_dir, experiment)
+                else:
+                    figures = peer(name, gpus, args + ([f"--profile={profile_dir}"] if profile_dir else []), a.peer_path)
+                # The run's whole process time (start-up, compiling, layout=auto's planning): what an
+                # invocation costs on a metered machine, per peer.
+                wall_s = time.monotonic() - started
+                figures.update(at=sum(map(len, runs.values())), wall_s=wall_s, started=started_at, ended=time.time())
+                runs[name].append(figures)
+                plan_s = figures.get("layout", {}).get("plan_s")  # layout=auto's share of the run's start
+                print(f"{name:13} {figures['tokens_per_s']:10.0f} tokens/s  {figures['peak_mib']:9.0f} MiB  {wall_s:6.0f} s"
+                      + (f" (planning {plan_s:g} s)" if plan_s is not None else ""), flush=True)
+                if a.gpu_clocks:  # the samples up to now: this run's are in
+                    figures["gpu_clocks"] = gpu_clocks.during(gpu_clocks.read(a.gpu_clocks), figures["started"], figures["ended"])
+                    print(gpu_clocks.line(name, figures["tokens_per_s"], figures["gpu_clocks"]), flush=True)
+                if a.json:  # after every run: an invocation cut off by a time limit keeps the runs it made
+                    a.json.write_text(json.dumps({"gpus": gpus, "compile": a.compile, "shape": a.shape, "float8": a.float8, "extra": extra,
+                                                  "runs": runs, "medians": medians_of(runs)}, indent=1))
     medians = medians_of(runs)
 
     print(f"\n{gpus} GPUs, shape {a.shape}, compile={a.compile}, ac={a.ac}, float8={a.float8}, medians of {a.runs} runs{' ' + ' '.join(extra) if extra else ''}")

@@ -49,6 +49,9 @@ def test_a_variant_runs_beside_the_lab_with_its_overrides(tmp_path, cut_short):
     # Each round in the reverse order of the one before: lab first and last, the variant in between.
     assert [r["at"] for r in runs["lab"]] == [0, 3] and [r["at"] for r in runs["lab:prefetch"]] == [1, 2]
     assert all(r["wall_s"] > 1 for rs in runs.values() for r in rs)  # a lab run's whole process, spawn included
+    # When each ran, for benchmarks/gpu_clocks.py to set the GPUs' samples beside it: one after another.
+    spans = sorted((r["started"], r["ended"]) for rs in runs.values() for r in rs)
+    assert all(start < end <= next_start for (start, end), (next_start, _) in zip(spans, spans[1:] + [(float("inf"), 0)]))
     assert "lab:prefetch/lab" in result.stdout
     # Each lab run keeps its overrides, so that plan_accuracy.py can predict the runs of a speed.py --json.
     assert all(r["overrides"][0] == "+experiment=bench_llama1b" for rs in runs.values() for r in rs)
@@ -153,3 +156,14 @@ def test_refused_before_any_run_starts(monkeypatch, capsys, args, message):
         load("speed").main()
     assert refused.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_gpu_clocks_is_refused_without_nvidia_smi(monkeypatch, capsys, tmp_path):
+    speed_script = load("speed")
+    monkeypatch.setattr(speed_script.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sys, "argv", ["speed.py", "--shape", "tiny", "--peers", "lab", "--gpu-clocks", str(tmp_path / "smi.csv")])
+    with pytest.raises(SystemExit) as refused:
+        speed_script.main()
+    assert refused.value.code == 2
+    assert f"--gpu-clocks={tmp_path / 'smi.csv'}: needs nvidia-smi, which this machine lacks" in capsys.readouterr().err
+    assert not (tmp_path / "smi.csv").exists()
