@@ -238,15 +238,16 @@ def main() -> None:
         for run in range(a.runs):
             for name in peers if run % 2 == 0 else peers[::-1]:
                 profile_dir = profile_dir_of(a.profile, name, run, every=a.profile_runs == "all")
-                started, started_at = time.monotonic(), time.time()
+                started = time.time()
                 if name == "lab" or name in variants:
                     figures = lab(own_layout(lab_overrides, layout, variants.get(name, [])), shape["warmup"], profile_dir, experiment)
                 else:
                     figures = peer(name, gpus, args + ([f"--profile={profile_dir}"] if profile_dir else []), a.peer_path)
                 # The run's whole process time (start-up, compiling, layout=auto's planning): what an
                 # invocation costs on a metered machine, per peer.
-                wall_s = time.monotonic() - started
-                figures.update(at=sum(map(len, runs.values())), wall_s=wall_s, started=started_at, ended=time.time())
+                ended = time.time()
+                wall_s = ended - started
+                figures.update(at=sum(map(len, runs.values())), wall_s=wall_s, started=started, ended=ended)
                 runs[name].append(figures)
                 plan_s = figures.get("layout", {}).get("plan_s")  # layout=auto's share of the run's start
                 print(f"{name:13} {figures['tokens_per_s']:10.0f} tokens/s  {figures['peak_mib']:9.0f} MiB  {wall_s:6.0f} s"
