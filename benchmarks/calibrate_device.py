@@ -8,6 +8,7 @@ these ranks by runs_in_ranks.py), then the fitted figures.
     torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --host-only --out fsdp_lab/plan/devices/h200.json \
         --host-rows h200-host-rows.jsonl   # each timed run kept as it ends: the same command again resumes
     torchrun --nproc-per-node 4 benchmarks/calibrate_device.py --collectives-only --out fsdp_lab/plan/devices/h200.json
+    torchrun --nproc-per-node 2 benchmarks/calibrate_device.py --sustained-only --out fsdp_lab/plan/devices/h200.json
     python benchmarks/calibrate_device.py --refit --out fsdp_lab/plan/devices/h200.json   # CPU, no GPU
 
 Rank 0 writes the table; every rank takes part in the collectives. `--host-only` measures the host
@@ -20,7 +21,10 @@ each timed run as it ends, and the same command again times only the runs the fi
 it fits the table's host and elementwise figures again from its stored measurements by the plan's
 current trace (fsdp_lab/calibrate/refit.py), on any CPU, after a change in what the trace records.
 `--collectives-only` measures the collectives alone: a table keeps the rows of every GPU count it
-was calibrated on, and the plan prices a group by the rows of the nearest count. Sections a run does
+was calibrated on, and the plan prices a group by the rows of the nearest count. A GPU run also measures
+what the GPUs hold of their burst matmul rate under their power limit, all at once for
+`--sustained-seconds` (fsdp_lab/calibrate/sustained.py: the `sustained` section); `--sustained-only`
+measures that alone into an existing table. Sections a run does
 not measure (the collectives on one GPU, the hand-written `spec`) are kept from the existing --out
 table."""
 
@@ -37,6 +41,7 @@ import torch.distributed as dist
 
 from fsdp_lab.calibrate.elementwise import fit_elementwise
 from fsdp_lab.calibrate.kernels import BURST, elementwise_blocks, measure_collectives, measure_kernels
+from fsdp_lab.calibrate.sustained import measure_sustained, sustained_section
 
 
 def host_step_times(world: int, quick: bool, rows_file: Path | None) -> tuple[dict[str, float], dict[str, float]]:
@@ -72,7 +77,13 @@ def main() -> None:
                    help="measure the NCCL collectives alone over these ranks, beside the table's rows of other GPU counts")
     p.add_argument("--host-rows", type=Path, help="append each timed host run's row here, and skip the runs it holds (resumes a cut-off call)")
     p.add_argument("--refit", action="store_true", help="measure nothing: fit the --out table's figures again by the current trace")
+    p.add_argument("--sustained-only", action="store_true",
+                   help="measure the matmuls' sustained rate under the power limit alone into the existing --out table (GPU)")
+    p.add_argument("--sustained-seconds", type=float, default=15,
+                   help="seconds every GPU runs matmuls back to back for the sustained rate (default 15; --quick: 2)")
     args = p.parse_args()
+    if args.sustained_only and not torch.cuda.is_available():
+        p.error("--sustained-only: no GPU here; the sustained rate is what a GPU holds under its power limit")
     if args.refit:
         from fsdp_lab.calibrate.refit import refit
 
@@ -100,9 +111,19 @@ def main() -> None:
             out.write_text(json.dumps(table, indent=1))
             print(json.dumps(table["collectives"]), flush=True)
         return
+    seconds = 2 if args.quick else args.sustained_seconds
+    if args.sustained_only:
+        section = sustained_section(measure_sustained(device, seconds), name, seconds)
+        dist.destroy_process_group()
+        if rank == 0:
+            out.write_text(json.dumps({**table, "sustained": section}, indent=1))
+            print(json.dumps(section), flush=True)
+        return
     if not args.host_only:
         table.update(torch=torch.__version__, measured=True)
         measure_kernels(table, device, rank, world, quick=quick)
+        if cuda:  # after the bursts, which a GPU hot from the held phase would run slower
+            table["sustained"] = sustained_section(measure_sustained(device, seconds), name, seconds)
         table["source"] = (f"measured on {name} x{world} (torch {torch.__version__}) by benchmarks/calibrate_device.py, kernels timed "
                            f"in bursts of {BURST} calls" + ("" if world > 1 else "; collectives kept from the table's earlier "
                                                             "calibration (one GPU cannot measure them)"))

@@ -129,6 +129,13 @@ class FSDPConfig:
     reduce-scatter rather than in it (set_force_sum_reduction_for_comms); with fsdp.symm_mem=true the
     reduce-scatters then also run through NCCL symmetric memory, whose reduce-scatter takes sums only
     (0.995x bf16 at the 8B shape on 4xH200 beside fsdp.symm_mem alone: docs/benchmarks.md)."""
+    reduce_copy_in: str = choice("kernel", "kernel", "torch")
+    """fsdp2: how each unit's gradients are cast and packed into its reduce-scatter input, on the
+    compute stream before the reduce-scatter: kernel (one Triton kernel writing the bytes
+    torch._chunk_cat writes, at 3.7-3.8 TB/s on an H200 where chunk_cat ran 0.45-2.0 TB/s:
+    parallel/grad_pack.py) or torch (chunk_cat). The kernel takes exact casts of contiguous CUDA
+    gradients (bf16 into a float32 reduce, or none) and leaves the rest, and CPU runs, to chunk_cat.
+    1.027-1.035x a step on one H200 (docs/benchmarks.md)."""
     cast_after_sharding: Optional[str] = choice(None, *DTYPES)
     """fsdp2: cast the sharded model with module.to(dtype) after fully_shard (the parity reference and
     the floating inputs alike); null = keep the parameters' dtype."""

@@ -103,6 +103,17 @@ def world_of_one(not_a_rank):
         yield ctx
 
 
+@pytest.fixture
+def on_one_rank(prepared, world_of_one):
+    """`on_one_rank(*overrides) -> (run, model)`: the parallelized tiny model of a 1-rank run (mesh=single)."""
+    from fsdp_lab.worker import build_trainer
+
+    def build(*overrides: str):
+        run, dims = prepared("debug=cpu_tiny", "probes=off", "mesh=single", "train.seq_len=32", *overrides)
+        return run, build_trainer(run, dims, world_of_one, on_step=lambda row: None).model
+    return build
+
+
 def pytest_terminal_summary(terminalreporter):
     """How many bad inputs and faults the suite tried (the catalogue must be visible)."""
     for marker in ("bad_input", "fault"):

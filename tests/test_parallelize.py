@@ -218,15 +218,6 @@ def saved_activation_bytes(run, model: nn.Module) -> int:
     return saved
 
 
-@pytest.fixture
-def on_one_rank(prepared, world_of_one):
-    """`on_one_rank(*overrides) -> (run, model)`: the parallelized model of a 1-rank run (mesh=single)."""
-    def build(*overrides: str):
-        run, dims = prepared(*TINY, "mesh=single", "train.seq_len=32", *overrides)
-        return run, build_trainer(run, dims, world_of_one, on_step=lambda row: None).model
-    return build
-
-
 AC_IMPLS = ("composable", "utils", "wrapper", "outer_wrapper", "manual")
 
 

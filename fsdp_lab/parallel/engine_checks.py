@@ -25,6 +25,7 @@ ENGINE_KNOBS = {
     "post_optim_event": ("fsdp2",),
     "symm_mem": ("fsdp2",),
     "force_sum_reduction": ("fsdp2",),
+    "reduce_copy_in": ("fsdp2",),
     "cast_after_sharding": ("fsdp2",),
     "sharding_strategy": ("fsdp1",),
     "use_orig_params": ("fsdp1",),
