@@ -15,6 +15,7 @@ process: FSDP2 reads the function from its module at every reduce). In Triton's 
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -29,6 +30,8 @@ _EXACT = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
 
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+_said = False
+log = logging.getLogger(__name__)
 
 
 def use(copy_in: str) -> None:
@@ -51,9 +54,14 @@ def takes(grads: list[torch.Tensor], out: torch.Tensor) -> bool:
 def pack_copy_in(unsharded_grads: list[torch.Tensor], reduce_scatter_input: torch.Tensor, world_size: int) -> None:
     """foreach_reduce_scatter_copy_in's contract: `reduce_scatter_input` viewed as [world_size, -1]
     holds in row r every gradient's r-th dim-0 chunk (torch.chunk's, zero-padded to the largest)."""
+    global _said
     if len(unsharded_grads) * world_size > MAX_SEGMENTS or not takes(unsharded_grads, reduce_scatter_input):
         return _TORCH_COPY_IN(unsharded_grads, reduce_scatter_input, world_size)
     pack(unsharded_grads, reduce_scatter_input, world_size)
+    if not _said:  # once a process: the run's log says which copy-in its steps took
+        _said = True
+        log.info("fsdp2: gradients packed for the reduce-scatter by the lab's kernel (fsdp.reduce_copy_in=kernel), %s into %s",
+                 unsharded_grads[0].dtype, reduce_scatter_input.dtype)
 
 
 def segments(grads: list[torch.Tensor], world_size: int, row_numel: int) -> list[tuple[int, int, int, int]]:
