@@ -15,6 +15,7 @@ process: FSDP2 reads the function from its module at every reduce). In Triton's 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 
@@ -24,11 +25,10 @@ import torch.distributed.fsdp._fully_shard._fsdp_collectives as fsdp_collectives
 from fsdp_lab.models.kernels.launch import cdiv, jit, run, tl, triton
 
 BLOCK = 4096  # elements per program
-MAX_SEGMENTS = 4096  # every program reads the segments' first tiles at once (a unit of 512 gradients over 8 ranks)
+MAX_SEGMENTS = 1024  # every program reads all the segments' first tiles (a unit of 128 gradients over 8 ranks)
 _TORCH_COPY_IN = fsdp_collectives.foreach_reduce_scatter_copy_in
 _EXACT = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
-
-
+_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32} if tl else {}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 _said = False
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def segments(grads: list[torch.Tensor], world_size: int, row_numel: int) -> list
 def pack(grads: list[torch.Tensor], out: torch.Tensor, world_size: int) -> None:
     parts = segments(grads, world_size, out.numel() // world_size)
     tiles = [cdiv(dst_len, BLOCK) for *_, dst_len in parts]
-    first_tiles = [sum(tiles[:i]) for i in range(len(tiles))]
+    first_tiles = [0, *itertools.accumulate(tiles)][:-1]
     # One int64 table, rows: source address, source length, destination offset, destination length, first tile.
     table = torch.tensor([list(column) for column in zip(*parts)] + [first_tiles], dtype=torch.int64,
                          pin_memory=out.is_cuda)
@@ -91,8 +91,6 @@ def pack(grads: list[torch.Tensor], out: torch.Tensor, world_size: int) -> None:
     run(_pack_kernel, (sum(tiles),), table, len(parts), out, SOURCE=_TL[grads[0].dtype],
         SEGMENTS=triton.next_power_of_2(len(parts)), BLOCK=BLOCK)
 
-
-_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32} if tl else {}
 
 
 @jit
