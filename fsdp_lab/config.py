@@ -135,7 +135,7 @@ class FSDPConfig:
     torch._chunk_cat writes, at 3.7-3.8 TB/s on an H200 where chunk_cat ran 0.45-2.0 TB/s:
     parallel/grad_pack.py) or torch (chunk_cat). The kernel takes exact casts of contiguous CUDA
     gradients (bf16 into a float32 reduce, or none) and leaves the rest, and CPU runs, to chunk_cat.
-    1.027-1.035x a step on one H200 (docs/benchmarks.md)."""
+    1.024-1.035x a step on one H200 (docs/benchmarks.md)."""
     cast_after_sharding: Optional[str] = choice(None, *DTYPES)
     """fsdp2: cast the sharded model with module.to(dtype) after fully_shard (the parity reference and
     the floating inputs alike); null = keep the parameters' dtype."""
