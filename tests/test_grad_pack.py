@@ -101,6 +101,15 @@ def test_each_run_sets_the_copy_in_fsdp2_reads_and_a_cpu_run_trains_as_with_torc
     assert grad_pack.in_use() == copy_in
 
 
+def test_a_torch_without_the_copy_in_keeps_its_own_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(grad_pack, "_TORCH_COPY_IN", None)
+    before = grad_pack.fsdp_collectives.foreach_reduce_scatter_copy_in
+    with caplog.at_level("WARNING", logger="fsdp_lab.parallel.grad_pack"):
+        grad_pack.use("kernel")
+    assert grad_pack.fsdp_collectives.foreach_reduce_scatter_copy_in is before
+    assert "has no foreach_reduce_scatter_copy_in to replace" in caplog.text
+
+
 @pytest.mark.bad_input
 def test_the_key_is_refused_off_fsdp2_and_outside_its_values(prepared):
     with pytest.raises(ConfigError, match=r"fsdp\.reduce_copy_in=torch.*fsdp2"):

@@ -26,7 +26,7 @@ from fsdp_lab.models.kernels.launch import cdiv, jit, run, tl, triton
 
 BLOCK = 4096  # elements per program
 MAX_SEGMENTS = 1024  # every program reads all the segments' first tiles (a unit of 128 gradients over 8 ranks)
-_TORCH_COPY_IN = fsdp_collectives.foreach_reduce_scatter_copy_in
+_TORCH_COPY_IN = getattr(fsdp_collectives, "foreach_reduce_scatter_copy_in", None)  # torch 2.11 and 2.13 have it
 _EXACT = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32)}
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32} if tl else {}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -35,7 +35,13 @@ log = logging.getLogger(__name__)
 
 
 def use(copy_in: str) -> None:
-    """Every FSDP2 unit of this process packs its gradients by `copy_in` (torch or kernel) from now on."""
+    """Every FSDP2 unit of this process packs its gradients by `copy_in` (torch or kernel) from now on.
+    A torch whose FSDP2 has no such function to replace keeps its own copy-in, and the log says so."""
+    if _TORCH_COPY_IN is None:
+        if copy_in == "kernel":
+            log.warning("fsdp.reduce_copy_in=kernel: torch %s's FSDP2 has no foreach_reduce_scatter_copy_in to replace; "
+                        "its own copy-in packs the gradients", torch.__version__)
+        return
     fsdp_collectives.foreach_reduce_scatter_copy_in = pack_copy_in if copy_in == "kernel" else _TORCH_COPY_IN
 
 
