@@ -123,14 +123,14 @@ def steps(run_dir: Path) -> list[tuple[float, float]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", ["mesh=fsdp", "mesh=hsdp"])  # 2 ranks; 2 replicas x 2
-def test_real_ranks_train_bit_for_bit_with_the_kernels_copy_in_as_with_torchs(mesh, tmp_path):
-    """In the interpreter every rank's FSDP2 packs its gradients with the kernel (bf16 into a float32
-    reduce, an embedding of 257 rows, split unevenly over the shard group): every step's loss and
-    gradient norm are torch's copy-in's, and the run's parity against DDP holds."""
+def test_real_ranks_train_bit_for_bit_with_the_kernels_copy_in_as_with_torchs(tmp_path):
+    """In the interpreter each of 2 ranks' FSDP2 packs its gradients with the kernel (bf16 into a float32
+    reduce, an embedding of 257 rows, split unevenly over the ranks): every step's loss and gradient
+    norm are torch's copy-in's, and the run's parity against DDP holds. (HSDP packs for its shard group
+    by the same call.)"""
     runs = {}
     for copy_in in ("torch", "kernel"):
-        result = run_lab("debug=cpu_tiny", mesh, "model.vocab_size=257", "train.steps=3", "fsdp.param_dtype=bfloat16",
+        result = run_lab("debug=cpu_tiny", "mesh=fsdp", "model.vocab_size=257", "train.steps=3", "fsdp.param_dtype=bfloat16",
                          "fsdp.reduce_dtype=float32", f"fsdp.reduce_copy_in={copy_in}", run_dir=tmp_path / copy_in,
                          env=lab_env(TRITON_INTERPRET="1"))
         assert result.returncode == 0, result.stderr[-3000:]
