@@ -2,8 +2,8 @@
 kernel writes the bytes torch._chunk_cat writes, for any packing (ranks, uneven first dimensions,
 1-D and 3-D gradients, bf16 into float32 or no cast), run in Triton's CPU interpreter in a process of
 its own (the interpreter is chosen when a kernel is defined); a 1-rank FSDP2 run through the lab's
-build trains bit for bit as with torch's copy-in while the kernel packs every unit; the rest goes to
-torch's copy-in, and the key is set per run and refused off FSDP2."""
+build trains bit for bit as with torch's copy-in while the kernel packs every unit, and so do 2 real
+ranks under the CLI; the rest goes to torch's copy-in, and the key is set per run and refused off FSDP2."""
 
 from __future__ import annotations
 
