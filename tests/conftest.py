@@ -104,14 +104,9 @@ def world_of_one(not_a_rank):
 
 
 @pytest.fixture
-def on_one_rank(prepared, world_of_one):
+def on_one_rank(world_of_one):
     """`on_one_rank(*overrides) -> (run, model)`: the parallelized tiny model of a 1-rank run (mesh=single)."""
-    from fsdp_lab.worker import build_trainer
-
-    def build(*overrides: str):
-        run, dims = prepared("debug=cpu_tiny", "probes=off", "mesh=single", "train.seq_len=32", *overrides)
-        return run, build_trainer(run, dims, world_of_one, on_step=lambda row: None).model
-    return build
+    return lambda *overrides: worlds.tiny_model_on_one_rank(world_of_one, *overrides)
 
 
 def pytest_terminal_summary(terminalreporter):

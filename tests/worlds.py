@@ -45,6 +45,15 @@ def world_of_one():
             dist.destroy_process_group()
 
 
+def tiny_model_on_one_rank(ctx: DistContext, *overrides: str):
+    """(run, model): the parallelized tiny model of a 1-rank run (mesh=single) in world_of_one's `ctx`."""
+    from fsdp_lab.compose import prepared
+    from fsdp_lab.worker import build_trainer
+
+    run, dims = prepared("debug=cpu_tiny", "probes=off", "mesh=single", "train.seq_len=32", *overrides)
+    return run, build_trainer(run, dims, ctx, on_step=lambda row: None).model
+
+
 def sharded_on_two_fake_ranks(model_cfg, rank: int, seed: int):
     """`model_cfg`'s model as fake rank `rank` of 2 holds it: blocks and root fully_shard-ed over a
     2-rank mesh, materialised from `seed` (and model.pretrained's checkpoint, if set). Call inside

@@ -15,6 +15,7 @@ process: FSDP2 reads the function from its module at every reduce). In Triton's 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -45,10 +46,6 @@ def use(copy_in: str) -> None:
     fsdp_collectives.foreach_reduce_scatter_copy_in = pack_copy_in if copy_in == "kernel" else _TORCH_COPY_IN
 
 
-def in_use() -> str:
-    return "kernel" if fsdp_collectives.foreach_reduce_scatter_copy_in is pack_copy_in else "torch"
-
-
 def takes(grads: list[torch.Tensor], out: torch.Tensor) -> bool:
     dtype = grads[0].dtype
     where = "cpu" if _INTERPRETED else "cuda"
@@ -70,33 +67,35 @@ def pack_copy_in(unsharded_grads: list[torch.Tensor], reduce_scatter_input: torc
                  unsharded_grads[0].dtype, reduce_scatter_input.dtype)
 
 
-def segments(grads: list[torch.Tensor], world_size: int, row_numel: int) -> list[tuple[int, int, int, int]]:
-    """(source address, source elements, destination offset, destination elements) for every gradient's
-    chunk: chunk r of a gradient with d0 rows of n elements is rows [r*c, (r+1)*c) (c = ceil(d0 /
-    world_size), fewer or none at the end) and goes to row r at the gradient's column, c*n wide (the
+@functools.lru_cache(maxsize=256)
+def layout(shapes: tuple[torch.Size, ...], element_size: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A unit's table but for its gradients' addresses, which change from step to step while the rest
+    does not: rows (byte offset of the chunk in its gradient, source elements, destination offset,
+    destination elements, first tile) by chunk, each chunk's gradient, and the tiles in all. Chunk r of a
+    gradient with d0 rows of n elements is rows [r*c, (r+1)*c) (c = ceil(d0 / world_size), fewer or none
+    at the end) and goes to row r of the [world_size, -1] input at the gradient's column, c*n wide (the
     rest zeros)."""
-    out, column = [], 0
-    for g in grads:
-        rows, width = g.shape[0], g.numel() // g.shape[0]
-        chunk = cdiv(rows, world_size)
+    widths = [cdiv(shape[0], world_size) * (shape.numel() // shape[0]) for shape in shapes]
+    row_numel, rows, gradient_of_chunk, column = sum(widths), [], [], 0
+    for i, (shape, width) in enumerate(zip(shapes, widths)):
         for r in range(world_size):
-            taken = max(0, min(chunk, rows - r * chunk))
-            out.append((g.data_ptr() + r * chunk * width * g.element_size(), taken * width, r * row_numel + column, chunk * width))
-        column += chunk * width
-    return out
+            taken = max(0, min(width, shape.numel() - r * width))
+            rows.append((r * width * element_size, taken, r * row_numel + column, width))
+            gradient_of_chunk.append(i)
+        column += width
+    tiles = [cdiv(width, BLOCK) for *_, width in rows]
+    first_tiles = [0, *itertools.accumulate(tiles)][:-1]
+    table = torch.tensor([list(row) for row in zip(*rows)] + [first_tiles], dtype=torch.int64)
+    return table, torch.tensor(gradient_of_chunk), sum(tiles)
 
 
 def pack(grads: list[torch.Tensor], out: torch.Tensor, world_size: int) -> None:
-    parts = segments(grads, world_size, out.numel() // world_size)
-    tiles = [cdiv(dst_len, BLOCK) for *_, dst_len in parts]
-    first_tiles = [0, *itertools.accumulate(tiles)][:-1]
-    # One int64 table, rows: source address, source length, destination offset, destination length, first tile.
-    table = torch.tensor([list(column) for column in zip(*parts)] + [first_tiles], dtype=torch.int64,
-                         pin_memory=out.is_cuda)
-    table = table.to(out.device, non_blocking=True)
-    run(_pack_kernel, (sum(tiles),), table, len(parts), out, SOURCE=_TL[grads[0].dtype],
-        SEGMENTS=triton.next_power_of_2(len(parts)), BLOCK=BLOCK)
-
+    static, gradient_of_chunk, tiles = layout(tuple(g.shape for g in grads), grads[0].element_size(), world_size)
+    table = torch.empty(static.shape, dtype=torch.int64, pin_memory=out.is_cuda)
+    table.copy_(static)
+    table[0] += torch.tensor([g.data_ptr() for g in grads]).index_select(0, gradient_of_chunk)  # each chunk's address
+    run(_pack_kernel, (tiles,), table.to(out.device, non_blocking=True), static.shape[1], out, SOURCE=_TL[grads[0].dtype],
+        SEGMENTS=triton.next_power_of_2(static.shape[1]), BLOCK=BLOCK)
 
 
 @jit
