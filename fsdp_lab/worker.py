@@ -6,6 +6,7 @@ own failure so the launcher can name it."""
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import os
 import signal
@@ -88,6 +89,7 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
     run_path = Path(run_dir)
     sinks: _RankZeroSinks | None = None
     trainer: Trainer | None = None
+    checkpointer: Checkpointer | None = None
     failed = False
     try:
         resume_from = agreed_resume(run.checkpoint.resume, run_path, ctx.rank)
@@ -112,6 +114,7 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
         if sinks is not None:
             summary["steps"] = sinks.steps_done
         traceback.print_exc(file=sys.stderr)
+        release_frames(e)
         if _is_peer_gone(e):
             time.sleep(PEER_FAILURE_GRACE_S)  # so the error reported is the peer's, not this echo of it
         if _is_collective_timeout(e):
@@ -124,8 +127,25 @@ def rank_main(run: RunConfig, run_dir: str, dims: ParallelDims) -> None:
     finally:
         if sinks is not None:
             sinks.close(summary)
+        # Nothing of the model may outlive the process group (release_frames says why): freed here, the
+        # group's last holder is destroy_process_group's, which waits for gloo's threads without the GIL.
+        sinks = trainer = checkpointer = None
+        gc.collect()
         if dist.is_initialized():
             close_distributed(failed)
+
+
+def release_frames(error: BaseException) -> None:
+    """Drop the locals of the frames that `error` (and the errors it chains) passed through, which hold
+    the trainer and its model. DDP's C++ reducer holds the process group: left as its last holder, it
+    destroys the group holding the GIL, and gloo's destructor joins worker threads of which one may still
+    be freeing a finished collective's tensor, which takes the GIL: the rank hangs at its exit (seen about
+    once in a hundred 1-rank CPU runs on a loaded machine). The traceback's text is kept."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
 
 
 def parity_failed(summary: dict) -> str:
