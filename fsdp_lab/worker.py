@@ -139,8 +139,8 @@ def release_frames(error: BaseException) -> None:
     """Drop the locals of the frames that `error` (and the errors it chains) passed through, which hold
     the trainer and its model. DDP's C++ reducer holds the process group: left as its last holder, it
     destroys the group holding the GIL, and gloo's destructor joins worker threads of which one may still
-    be freeing a finished collective's tensor, which takes the GIL: the rank hangs at its exit (seen about
-    once in a hundred 1-rank CPU runs on a loaded machine). The traceback's text is kept."""
+    be freeing a finished collective's tensor, which takes the GIL: the rank hangs at its exit (once in 114
+    1-rank CPU runs beside a loop of 2-rank ones; none in 870 since). The traceback's text is kept."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
