@@ -104,20 +104,16 @@ def main() -> None:
     out = Path(args.out)
     table = json.loads(out.read_text()) if out.exists() else {"name": name}  # what is not measured here is kept
     quick = args.quick or not cuda
-    if args.collectives_only:
-        measure_collectives(table, device, world, quick)
+    seconds = 2 if args.quick else args.sustained_seconds
+    if args.collectives_only or args.sustained_only:  # one section measured into the existing table
+        if args.collectives_only:
+            measure_collectives(table, device, world, quick)
+        else:
+            table["sustained"] = sustained_section(measure_sustained(device, seconds), name, seconds)
         dist.destroy_process_group()
         if rank == 0:
             out.write_text(json.dumps(table, indent=1))
-            print(json.dumps(table["collectives"]), flush=True)
-        return
-    seconds = 2 if args.quick else args.sustained_seconds
-    if args.sustained_only:
-        section = sustained_section(measure_sustained(device, seconds), name, seconds)
-        dist.destroy_process_group()
-        if rank == 0:
-            out.write_text(json.dumps({**table, "sustained": section}, indent=1))
-            print(json.dumps(section), flush=True)
+            print(json.dumps(table["collectives" if args.collectives_only else "sustained"]), flush=True)
         return
     if not args.host_only:
         table.update(torch=torch.__version__, measured=True)
