@@ -19,6 +19,7 @@ from fsdp_lab.config import ConfigError
 from fsdp_lab.data import microbatches
 from fsdp_lab.dist import DistContext
 from fsdp_lab.models import build_model, count_params
+from fsdp_lab.parallel.fsdp2 import param_groups
 from fsdp_lab.parallel.pipeline import PipelinedModel
 from fsdp_lab.parallel.wrap import wrap_units
 from fsdp_lab.modules import unwrap
@@ -296,7 +297,7 @@ def test_symm_mem_is_refused_where_torch_has_neither_its_method_nor_the_hook(pre
     set_symm_mem_for_comm: the lab installs the same all-gather through the hook there."""
     import torch.distributed._symmetric_memory as symm_mem
 
-    monkeypatch.delattr(FSDPModule, "set_symm_mem_for_comm")
+    monkeypatch.delattr(FSDPModule, "set_symm_mem_for_comm", raising=False)  # torch 2.11 has none
     prepared(*TINY, "fsdp.symm_mem=true")  # the hook remains: accepted
     monkeypatch.delattr(symm_mem, "get_mem_pool")
     with pytest.raises(ConfigError, match=r"^fsdp\.symm_mem=true: torch .* lacks FSDPModule\.set_symm_mem_for_comm"):
@@ -306,7 +307,7 @@ def test_symm_mem_is_refused_where_torch_has_neither_its_method_nor_the_hook(pre
 def test_symm_mem_reduce_scatters_need_the_reduce_scatter_hook_and_sums_need_torchs_switch(prepared, monkeypatch):
     """fsdp.force_sum_reduction=true beside fsdp.symm_mem=true takes the reduce-scatters into symmetric
     memory too: on a torch without set_symm_mem_for_comm that needs the custom reduce-scatter hook."""
-    monkeypatch.delattr(FSDPModule, "set_symm_mem_for_comm")
+    monkeypatch.delattr(FSDPModule, "set_symm_mem_for_comm", raising=False)  # torch 2.11 has none
     monkeypatch.delattr(FSDPModule, "set_custom_reduce_scatter")
     prepared(*TINY, "fsdp.symm_mem=true")  # all-gathers alone need only the all-gather hook
     with pytest.raises(ConfigError, match=r"^fsdp\.symm_mem=true: torch .* lacks .*set_custom_reduce_scatter"):
@@ -320,7 +321,7 @@ def test_symm_mem_reduce_scatters_need_the_reduce_scatter_hook_and_sums_need_tor
 def test_force_sum_reduction_reaches_every_unit_and_the_root(on_one_rank, enabled):
     """Each FSDP unit reduces on its own: the switch must be set on the blocks' units and the root's."""
     _, model = on_one_rank(f"fsdp.force_sum_reduction={str(enabled).lower()}")
-    groups = [g for m in model.modules() if isinstance(m, FSDPModule) for g in m._get_fsdp_state()._fsdp_param_groups]
+    groups = [g for m in model.modules() if isinstance(m, FSDPModule) for g in param_groups(m._get_fsdp_state())]
     assert len(groups) > 1 and [g.force_sum_reduction_for_comms for g in groups] == [enabled] * len(groups)
 
 

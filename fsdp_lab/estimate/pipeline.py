@@ -31,6 +31,7 @@ from fsdp_lab.config import RunConfig
 from fsdp_lab.mesh import ParallelDims
 from fsdp_lab.models import build_plain, model_spec
 from fsdp_lab.parallel import parallelize
+from fsdp_lab.parallel.fsdp2 import param_groups
 from fsdp_lab.parallel.pipeline import PipelinedModel, build_pipeline, stages_per_rank
 from fsdp_lab.step import loss_fn
 
@@ -70,10 +71,7 @@ def _reduce_gradients(stage: nn.Module) -> None:
     stage.set_requires_gradient_sync(True)
     state = fully_shard.state(stage)
     for module_state in state._state_ctx.all_states:
-        groups = getattr(module_state, "_fsdp_param_groups", None)  # torch 2.13; 2.11 has one group
-        if groups is None:
-            groups = [module_state._fsdp_param_group] if module_state._fsdp_param_group else []
-        for group in groups:
+        for group in param_groups(module_state):
             group.post_backward()
     state._root_post_backward_final_callback()
 

@@ -57,6 +57,14 @@ def apply_fsdp2(model: nn.Module, mesh, groups: list[list[nn.Module]], cfg: FSDP
     return model
 
 
+def param_groups(state) -> list:
+    """An FSDP2 state's parameter groups: torch 2.13 keeps a list, torch 2.11 (the GPUs') one group or None."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        groups = [state._fsdp_param_group] if state._fsdp_param_group else []
+    return groups
+
+
 def _set_explicit_prefetch(units: list[nn.Module], forward: int, backward: int) -> None:
     """Prefetch the next `forward` units in forward and the previous `backward` units in backward."""
     for i, unit in enumerate(units):
