@@ -39,8 +39,10 @@ def in_process_only(test_id: str):
 
     # Under plan.workers=0 a plan starts its tracing pool where a timed trace says the pool would finish
     # first (fsdp_lab/plan/side_by_side.py). A tiny model's traces take milliseconds, but on a machine busy
-    # with the other tests one can take long enough to start a pool: here the plan traces in this process.
+    # with the other tests one can take long enough to start a pool: here the plan sees one CPU and traces
+    # in this process. Not by patching pool_gains, which tests/shared_traces.py patches in module fixtures:
+    # one set up inside this guard (for its module's first test) would restore this patch at its teardown.
     with mock.patch.object(subprocess.Popen, "_execute_child", execute_non_python), \
             mock.patch.object(multiprocessing.process.BaseProcess, "start", start), \
-            mock.patch("fsdp_lab.plan.side_by_side.pool_gains", return_value=False):
+            mock.patch("fsdp_lab.plan.side_by_side.usable_cpus", return_value=1):
         yield
