@@ -10,7 +10,8 @@ import os
 import subprocess
 import sys
 from contextlib import contextmanager
-from unittest import mock
+
+import fsdp_lab.plan.side_by_side as side_by_side
 
 MARKER = "slow"
 
@@ -24,25 +25,49 @@ def _is_python(args, executable) -> bool:
 @contextmanager
 def in_process_only(test_id: str):
     """Refuse Python processes started by `test_id` (the fast tier's promise), naming the marker."""
-    def refuse(what: str):
-        raise AssertionError(f"{test_id} starts {what}: mark the test @pytest.mark.{MARKER} (tests/tiers.py)")
+    global _guarded
+    before, _guarded = _guarded, test_id
+    try:
+        yield
+    finally:
+        _guarded = before
 
+
+def _refuse(what: str):
+    raise AssertionError(f"{_guarded} starts {what}: mark the test @pytest.mark.{MARKER} (tests/tiers.py)")
+
+
+def _install() -> None:
+    """The guard's checks, put in place once, when conftest imports this module (before any fixture),
+    and left there: in_process_only only turns them on and off. A guard that patched on entry and
+    restored on exit would interleave with the module fixtures set up inside it (for their module's
+    first test) and torn down outside it (after its last), each restoring what the other had set: a
+    fixture of tests/shared_traces.py left the guard's patch in place for the rest of its worker's
+    tests, and their plans never started a pool (2026-11-29)."""
     execute_child = subprocess.Popen._execute_child
+    start = multiprocessing.process.BaseProcess.start
+    usable_cpus = side_by_side.usable_cpus
 
     def execute_non_python(self, args, executable, *rest, **kwargs):
-        if _is_python(args, executable):
-            refuse(f"a Python process ({args if isinstance(args, str) else ' '.join(map(str, args))})")
+        if _guarded and _is_python(args, executable):
+            _refuse(f"a Python process ({args if isinstance(args, str) else ' '.join(map(str, args))})")
         return execute_child(self, args, executable, *rest, **kwargs)
 
-    def start(self):
-        refuse(f"a multiprocessing process ({self.name})")
+    def start_outside_the_fast_tier(self):
+        if _guarded:
+            _refuse(f"a multiprocessing process ({self.name})")
+        return start(self)
 
-    # Under plan.workers=0 a plan starts its tracing pool where a timed trace says the pool would finish
-    # first (fsdp_lab/plan/side_by_side.py). A tiny model's traces take milliseconds, but on a machine busy
-    # with the other tests one can take long enough to start a pool: here the plan sees one CPU and traces
-    # in this process. Not by patching pool_gains, which tests/shared_traces.py patches in module fixtures:
-    # one set up inside this guard (for its module's first test) would restore this patch at its teardown.
-    with mock.patch.object(subprocess.Popen, "_execute_child", execute_non_python), \
-            mock.patch.object(multiprocessing.process.BaseProcess, "start", start), \
-            mock.patch("fsdp_lab.plan.side_by_side.usable_cpus", return_value=1):
-        yield
+    def usable_cpus_outside_the_fast_tier() -> int:
+        # Under plan.workers=0 a plan starts its tracing pool where a timed trace says the pool would
+        # finish first (fsdp_lab/plan/side_by_side.py). A tiny model's traces take milliseconds, but on a
+        # machine busy with the other tests one can take long enough: a fast test's plan sees one CPU.
+        return 1 if _guarded else usable_cpus()
+
+    subprocess.Popen._execute_child = execute_non_python
+    multiprocessing.process.BaseProcess.start = start_outside_the_fast_tier
+    side_by_side.usable_cpus = usable_cpus_outside_the_fast_tier
+
+
+_guarded: str | None = None  # the fast test being run, while in_process_only holds it
+_install()
