@@ -136,6 +136,13 @@ class FSDPConfig:
     parallel/grad_pack.py) or torch (chunk_cat). The kernel takes exact casts of contiguous CUDA
     gradients (bf16 into a float32 reduce, or none) and leaves the rest, and CPU runs, to chunk_cat.
     1.024-1.035x a step on one H200 (docs/benchmarks.md)."""
+    all_gather: str = choice("packed", "packed", "in_place")
+    """fsdp2: where each unit's all-gather writes: packed (FSDP2's: one buffer, then every parameter
+    copied out of it on the compute stream before the unit's forward) or in_place (each parameter
+    gathered straight into its unsharded storage, the unit's gathers one coalesced collective: no
+    copy-out; parallel/gather_in_place.py). Not with fsdp.symm_mem=true, whose gathers must write to
+    symmetric memory. Not yet timed on 2 or more GPUs, where the copy-out is (13.0 ms a step at the
+    8B shape on 4xH100: docs/benchmarks.md)."""
     cast_after_sharding: Optional[str] = choice(None, *DTYPES)
     """fsdp2: cast the sharded model with module.to(dtype) after fully_shard (the parity reference and
     the floating inputs alike); null = keep the parameters' dtype."""

@@ -26,6 +26,7 @@ ENGINE_KNOBS = {
     "symm_mem": ("fsdp2",),
     "force_sum_reduction": ("fsdp2",),
     "reduce_copy_in": ("fsdp2",),
+    "all_gather": ("fsdp2",),
     "cast_after_sharding": ("fsdp2",),
     "sharding_strategy": ("fsdp1",),
     "use_orig_params": ("fsdp1",),
@@ -46,6 +47,9 @@ def check_fsdp(run: RunConfig, dims: ParallelDims, device_type: str, spec: Model
             )
     if f.symm_mem and (missing := symm_mem_missing(reduce_scatter=f.force_sum_reduction)):
         raise ConfigError(f"fsdp.symm_mem=true: torch {torch.__version__} lacks {missing}; allowed here: false")
+    if f.all_gather == "in_place" and f.symm_mem:
+        raise ConfigError("fsdp.all_gather=in_place with fsdp.symm_mem=true: both choose where the all-gather writes "
+                          "(symmetric memory or the parameters); allowed: fsdp.all_gather=packed, or fsdp.symm_mem=false")
     if f.force_sum_reduction and not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
         raise ConfigError(f"fsdp.force_sum_reduction=true: torch {torch.__version__} lacks "
                           "FSDPModule.set_force_sum_reduction_for_comms; allowed here: false")

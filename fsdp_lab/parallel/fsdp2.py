@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from fsdp_lab.config import FSDPConfig
-from fsdp_lab.parallel import grad_pack
+from fsdp_lab.parallel import gather_in_place, grad_pack
 from fsdp_lab.parallel.symm_mem import collectives_from_symm_mem
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ def apply_fsdp2(model: nn.Module, mesh, groups: list[list[nn.Module]], cfg: FSDP
         for unit in units:
             unit.set_force_sum_reduction_for_comms(True)
     grad_pack.use(cfg.reduce_copy_in)
+    gather_in_place.use(cfg.all_gather)
     if cfg.symm_mem:
         collectives_from_symm_mem(units, mesh.device_type, reduce_scatter=cfg.force_sum_reduction)
     if not cfg.root_backward_prefetch:
