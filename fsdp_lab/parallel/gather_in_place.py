@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.fsdp._fully_shard._fsdp_collectives as fsdp_collectives
 import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_param_group
+from torch._subclasses.fake_tensor import FakeTensor
 
 _TORCH_ALL_GATHER = fsdp_param_group.foreach_all_gather
 _TORCH_COPY_OUT = fsdp_param_group.foreach_all_gather_copy_out
@@ -75,7 +76,7 @@ def all_gather_in_place(fsdp_params, group, async_op, all_gather_copy_in_stream,
     # The gathers must not bump the outputs' version counters: with the unit resharded after forward,
     # backward gathers again into storage that autograd saved in forward (as FSDP2's copy-out keeps them).
     with device_handle.stream(all_gather_stream), torch.autograd._unsafe_preserve_version_counter(tuple(outputs)):
-        work = group.allgather_into_tensor_coalesced(outputs, inputs)
+        work = _gather_each(outputs, inputs, group)
         if not async_op:
             work.wait()  # as a collective with async_op=False: the issuing stream waits for it
             work = None
@@ -84,6 +85,18 @@ def all_gather_in_place(fsdp_params, group, async_op, all_gather_copy_in_stream,
         _said = True
         log.info("fsdp2: each parameter all-gathered into its unsharded storage, no copy-out (fsdp.all_gather=in_place)")
     return GatheredInPlace(inputs, event, work)
+
+
+def _gather_each(outputs: list[torch.Tensor], inputs: list[torch.Tensor], group) -> dist.Work:
+    """One coalesced collective. Under fake tensors (the estimate's and the plan's traces), where c10d has
+    no fake coalesced gather and FSDPMemTracker takes a gathered tensor's output for FSDP2's packed buffer
+    (which it saw allocated), each gather in the list form: the same rows written, the storage counted
+    as the unsharded parameters it is when FSDP2's pre-forward hands them to the tracker."""
+    if not isinstance(outputs[0], FakeTensor):
+        return group.allgather_into_tensor_coalesced(outputs, inputs)
+    for out, inp in zip(outputs, inputs):
+        work = dist.all_gather(list(out.view(group.size(), -1).unbind(0)), inp, group=group, async_op=True)
+    return work
 
 
 @torch.no_grad()
