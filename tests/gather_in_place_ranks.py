@@ -5,6 +5,8 @@ JSON, each layout's rows by mode and how many unit gathers went in place."""
 import json
 import sys
 
+import torch.distributed as dist
+
 from fsdp_lab.compose import prepared
 from fsdp_lab.dist import init_distributed
 from fsdp_lab.parallel import gather_in_place
@@ -45,3 +47,4 @@ for name, overrides in LAYOUTS.items():
 if ctx.rank == 0:
     print("REPORT " + json.dumps(report))
 sys.stdout.flush()
+dist.destroy_process_group()  # left to the interpreter's exit, a gloo rank may abort in its threads (torch 2.11)
