@@ -135,14 +135,15 @@ class FSDPConfig:
     torch._chunk_cat writes, at 3.7-3.8 TB/s on an H200 where chunk_cat ran 0.45-2.0 TB/s:
     parallel/grad_pack.py) or torch (chunk_cat). The kernel takes exact casts of contiguous CUDA
     gradients (bf16 into a float32 reduce, or none) and leaves the rest, and CPU runs, to chunk_cat.
-    1.024-1.035x a step on one H200 (docs/benchmarks.md)."""
+    1.024-1.035x a step on one H200, 1.024x for one rank of 4 at the 8B shape, collectives faked
+    (docs/benchmarks.md)."""
     all_gather: str = choice("packed", "packed", "in_place")
     """fsdp2: where each unit's all-gather writes: packed (FSDP2's: one buffer, then every parameter
     copied out of it on the compute stream before the unit's forward) or in_place (each parameter
     gathered straight into its unsharded storage, the unit's gathers one coalesced collective: no
     copy-out; parallel/gather_in_place.py). Not with fsdp.symm_mem=true, whose gathers must write to
-    symmetric memory. Not yet timed on 2 or more GPUs, where the copy-out is (13.0 ms a step at the
-    8B shape on 4xH100: docs/benchmarks.md)."""
+    symmetric memory. One rank of 4 at the 8B shape, collectives faked, on one H200: 1.008x bf16,
+    1.014x float8, every loss the same; not yet timed on 2 or more GPUs (docs/benchmarks.md)."""
     cast_after_sharding: Optional[str] = choice(None, *DTYPES)
     """fsdp2: cast the sharded model with module.to(dtype) after fully_shard (the parity reference and
     the floating inputs alike); null = keep the parameters' dtype."""
