@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fsdp_lab.config import ModelConfig, bounded
@@ -26,13 +27,30 @@ class ConvNetConfig(ModelConfig):
     """Square input side in pixels."""
 
 
+class BatchNorm2dInStatsDtype(nn.BatchNorm2d):
+    """BatchNorm2d whose arithmetic runs in its running statistics' dtype. Under FSDP2's mixed precision
+    the weight and bias come in fsdp.param_dtype while the running statistics, buffers, stay float32, and
+    batch_norm takes one dtype (FSDP1's mixed precision keeps batch norms in float32 for this reason; autocast
+    runs them in float32). The output keeps the input's dtype. This model's batch norms track running
+    statistics with a momentum, the case written out here."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stats = self.running_mean.dtype
+        if x.dtype == stats and self.weight.dtype == stats:
+            return super().forward(x)
+        if self.training:
+            self.num_batches_tracked.add_(1)
+        return F.batch_norm(x.to(stats), self.running_mean, self.running_var, self.weight.to(stats), self.bias.to(stats),
+                            self.training, self.momentum, self.eps).to(x.dtype)
+
+
 class ConvNet(nn.Module):
     def __init__(self, channels: int, n_layers: int, n_classes: int, image_size: int):
         super().__init__()
         self.image_size = image_size
-        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU())
+        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), BatchNorm2dInStatsDtype(channels), nn.ReLU())
         self.layers = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU())
+            nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1), BatchNorm2dInStatsDtype(channels), nn.ReLU())
             for _ in range(n_layers)
         )
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, n_classes))
