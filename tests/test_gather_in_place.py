@@ -54,6 +54,37 @@ def test_each_run_sets_the_all_gather_fsdp2_reads(on_one_rank, mode):
     assert (gather_in_place.fsdp_param_group.foreach_all_gather_copy_out is gather_in_place.copy_out) == in_place
 
 
+def test_the_gathers_wait_for_the_copy_in_and_never_for_the_compute_stream(on_one_rank):
+    """Forward issues a unit's gather while the unit ahead still runs: a gather that waited for the compute
+    stream would run only after it. Called on a 1-rank unit's parameters (FSDP2 itself skips the gather
+    on one rank) with streams that record what they wait for: the gathers' stream waits for the copy-in's
+    alone, and each parameter comes out gathered."""
+    import torch
+    import torch.distributed as dist
+
+    from fsdp_lab.parallel.fsdp2 import param_groups
+
+    class Recording(torch.cpu.Stream):
+        def __init__(self, name: str):
+            super().__init__()
+            self.name, self.waited = name, []
+
+        def wait_stream(self, stream) -> None:
+            self.waited.append(getattr(stream, "name", "compute"))
+
+    run, model = on_one_rank("fsdp.all_gather=in_place")
+    loss_and_grad_norm(run, model)  # FSDP2's lazy init: each parameter's dtypes; the units resharded after
+    fsdp_params = param_groups(model.layers[0]._get_fsdp_state())[0].fsdp_params
+    copy_in, gathers = Recording("copy-in"), Recording("gathers")
+    result = gather_in_place.all_gather_in_place(fsdp_params, dist.group.WORLD, False, copy_in, gathers, torch.device("cpu"),
+                                                 fsdp_collectives.DefaultAllGather())
+    gather_in_place.copy_out(result, fsdp_params, dist.group.WORLD)
+    assert isinstance(result, gather_in_place.GatheredInPlace) and gathers.waited == ["copy-in"] and copy_in.waited == []
+    for fsdp_param in fsdp_params:
+        shard = fsdp_param._sharded_param_data
+        assert torch.equal(fsdp_param.all_gather_outputs[0], shard.to(fsdp_param.all_gather_outputs[0].dtype))
+
+
 def test_a_custom_all_gather_goes_to_fsdp2s_own():
     """symmetric memory's all-gather allocates its own output, so the unit is FSDP2's to gather."""
     class Shard0:

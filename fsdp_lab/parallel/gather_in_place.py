@@ -10,8 +10,8 @@ a parameter sharded on dim 0 is rows [r*c, (r+1)*c) of it, so gathering the shar
 the parameter's storage is the parameter, padding and all, in the layout FSDP2's copy-out writes.
 
 What stays FSDP2's: the copy-in (the shards cast into the all-gather's inputs, on its copy-in stream),
-the storage (allocated on the compute stream, which frees it at reshard, as FSDP2's copy-out allocates
-it) and everything after the gather (the unsharded parameters, float8's post-all-gather). Units it
+the storage FSDP2 keeps per parameter (allocated here on the gathers' stream and freed by FSDP2 at reshard)
+and everything after the gather (the unsharded parameters, float8's post-all-gather). Units it
 does not take go to FSDP2's own all-gather and copy-out: a parameter sharded on another dim than 0, or
 a custom all-gather (fsdp.symm_mem's, whose output must be symmetric memory). `use` chooses for the
 process: FSDP2's unit reads both functions from its module at every unshard."""
@@ -50,7 +50,8 @@ def use(mode: str) -> None:
 
 
 def takes(fsdp_params: list, all_gather_comm) -> bool:
-    return (type(all_gather_comm) is fsdp_collectives.DefaultAllGather
+    # Traced by compile (compiled autograd), FSDP2 recreates the outputs per gather: its own path.
+    return (type(all_gather_comm) is fsdp_collectives.DefaultAllGather and not torch.compiler.is_compiling()
             and all(p.fsdp_placement.dim == 0 for p in fsdp_params))
 
 
@@ -65,14 +66,21 @@ def all_gather_in_place(fsdp_params, group, async_op, all_gather_copy_in_stream,
     device_handle = fsdp_collectives._get_device_handle(device.type)
     with device_handle.stream(all_gather_copy_in_stream):
         param_inputs = fsdp_collectives._get_param_all_gather_inputs(fsdp_params)
-    for fsdp_param, inputs in zip(fsdp_params, param_inputs):
-        fsdp_param.init_all_gather_outputs([t.numel() for t in inputs], [t.dtype for t in inputs], world_size, device)
-        fsdp_param.alloc_all_gather_outputs()
+    compute_stream = device_handle.current_stream()
+    all_gather_stream.wait_stream(all_gather_copy_in_stream)
+    with device_handle.stream(all_gather_stream):
+        # The storage comes from the gathers' stream, which writes it, and the compute stream, which reads
+        # it until the unit reshards, is recorded on it: its memory is reused only once that stream is done
+        # with it. Taken from the compute stream, the gathers would have to wait for all of its queued work,
+        # and forward would gather no unit before the one ahead of it had run.
+        for fsdp_param, inputs in zip(fsdp_params, param_inputs):
+            fsdp_param.init_all_gather_outputs([t.numel() for t in inputs], [t.dtype for t in inputs], world_size, device)
+            fsdp_param.alloc_all_gather_outputs()
+            if device.type == "cuda":
+                for output in fsdp_param.all_gather_outputs:
+                    output.record_stream(compute_stream)
     inputs = [t for ts in param_inputs for t in ts]
     outputs = [t for p in fsdp_params for t in p.all_gather_outputs]
-    # The storage may be memory the compute stream has just freed: the gathers wait for it as for the copy-in.
-    all_gather_stream.wait_stream(all_gather_copy_in_stream)
-    all_gather_stream.wait_stream(device_handle.current_stream())
     # The gathers must not bump the outputs' version counters: with the unit resharded after forward,
     # backward gathers again into storage that autograd saved in forward (as FSDP2's copy-out keeps them).
     with device_handle.stream(all_gather_stream), torch.autograd._unsafe_preserve_version_counter(tuple(outputs)):
