@@ -27,8 +27,9 @@ class ConvNetConfig(ModelConfig):
     """Square input side in pixels."""
 
 
-class BatchNorm2dInStatsDtype(nn.BatchNorm2d):
-    """BatchNorm2d whose arithmetic runs in its running statistics' dtype. Under FSDP2's mixed precision
+class BatchNorm2d(nn.BatchNorm2d):
+    """nn.BatchNorm2d whose arithmetic runs in its running statistics' dtype, under the same class name
+    (wrap.classes=[BatchNorm2d] and other names users give select it as before). Under FSDP2's mixed precision
     the weight and bias come in fsdp.param_dtype while the running statistics, buffers, stay float32, and
     batch_norm takes one dtype (FSDP1's mixed precision keeps batch norms in float32 for this reason; autocast
     runs them in float32). The output keeps the input's dtype. This model's batch norms track running
@@ -48,9 +49,9 @@ class ConvNet(nn.Module):
     def __init__(self, channels: int, n_layers: int, n_classes: int, image_size: int):
         super().__init__()
         self.image_size = image_size
-        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), BatchNorm2dInStatsDtype(channels), nn.ReLU())
+        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), BatchNorm2d(channels), nn.ReLU())
         self.layers = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1), BatchNorm2dInStatsDtype(channels), nn.ReLU())
+            nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1), BatchNorm2d(channels), nn.ReLU())
             for _ in range(n_layers)
         )
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, n_classes))
