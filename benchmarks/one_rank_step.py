@@ -30,7 +30,6 @@ REPO = Path(__file__).resolve().parent.parent
 
 def one_run(world: int, overrides: list[str]) -> dict:
     """In this process: rank 0 of a fake world of `world`, the run's steps, its figures."""
-    import dataclasses
     from unittest import mock
 
     import torch
@@ -60,7 +59,7 @@ def one_run(world: int, overrides: list[str]) -> dict:
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     return {"step_time_s": perf["step_time_s"], "tokens_per_s": perf["tokens_per_s"], "mfu": perf["mfu"], "host_step_s": perf["host_step_s"],
             "peak_mib": peak, "losses": losses, "overrides": overrides, "world": world,
-            "steps": dataclasses.asdict(run.train)["steps"]}
+            "steps": run.train.steps}
 
 
 def run_in_fresh_process(world: int, overrides: list[str]) -> dict:
