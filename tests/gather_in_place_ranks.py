@@ -22,11 +22,11 @@ LAYOUTS = {  # all on 4 ranks; blocks 4 and the vocabulary 257 rows, which 4 ran
 }
 
 counted = {"in_place": 0, "packed": 0}
-torch_path = gather_in_place.all_gather_in_place
+lab_gather = gather_in_place.all_gather_in_place
 
 
 def counting(*args):
-    result = torch_path(*args)
+    result = lab_gather(*args)
     counted["in_place" if isinstance(result, gather_in_place.GatheredInPlace) else "packed"] += 1
     return result
 

@@ -115,9 +115,9 @@ def test_the_estimate_and_the_plans_trace_run_the_gather_in_place(prepared):
     from fsdp_lab.plan.trace import trace_step
 
     traces, gathers = {}, []
-    torch_path = gather_in_place.all_gather_in_place
+    lab_gather = gather_in_place.all_gather_in_place
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gather_in_place, "all_gather_in_place", lambda *args: gathers.append(1) or torch_path(*args))
+        mp.setattr(gather_in_place, "all_gather_in_place", lambda *args: gathers.append(1) or lab_gather(*args))
         for mode in ("packed", "in_place"):
             run, _ = prepared(*TINY, "mesh.dp_shard=2", "model.dim=64", "model.n_layers=3", "fsdp.param_dtype=bfloat16",
                               f"fsdp.all_gather={mode}")
