@@ -143,7 +143,7 @@ class FSDPConfig:
     gathered straight into its unsharded storage, the unit's gathers one coalesced collective: no
     copy-out; parallel/gather_in_place.py). Not with fsdp.symm_mem=true, whose gathers must write to
     symmetric memory. One rank of 4 at the 8B shape, collectives faked, on one H200: bf16 1.008-1.010x
-    (1.035x resharded after forward), float8 within 1.5%, every loss the same; not yet timed on 2 or
+    (1.035x resharded after forward), float8 within 1.5%, the losses the same; not yet timed on 2 or
     more GPUs (docs/benchmarks.md)."""
     cast_after_sharding: Optional[str] = choice(None, *DTYPES)
     """fsdp2: cast the sharded model with module.to(dtype) after fully_shard (the parity reference and
