@@ -1,6 +1,6 @@
 """One rank's training step of an N-rank layout on one device, every collective faked: torch's fake process
-group of N ranks with this process as rank 0 (a gather writes the rank's own shard into every rank's chunk,
-a reduction leaves its input; nothing crosses a link, nothing waits for a peer). What the rank's own
+group of N ranks with this process as rank 0 (a gather writes the rank's own shard into every rank's chunk, a
+reduce-scatter the input's chunk on torch 2.13 and nothing on 2.11; nothing crosses a link, nothing waits for a peer). What the rank's own
 streams cost without communication, at the shard sizes of N ranks: for a change to what a rank computes or
 copies around its collectives (FSDP2's copy-in and copy-out) when fewer GPUs are lent than it runs on.
 Not a prediction of the N-GPU step: no collective's time, no contention with one, no power shared.
